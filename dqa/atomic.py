@@ -1,0 +1,86 @@
+"""Crash-safe writes: every file dqa produces appears complete or not at all.
+
+A writer fills a temporary file in the destination folder, flushes and fsyncs
+it, then renames it over the final name (atomic on POSIX within a
+filesystem). A crash at any instant leaves either the old file or the new one,
+plus at most a stray ``.tmp-*`` file that readers ignore and the next run
+removes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+TMP_PREFIX = ".tmp-"
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a directory entry so a completed rename survives power loss (best effort)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path next to ``dest``; on clean exit fsync it and rename it to ``dest``.
+
+    On an exception the temporary file is removed and ``dest`` is untouched.
+    Raises whatever the body raises, or ``OSError`` from the rename.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + dest.name + ".", dir=dest.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp_path, dest)
+        fsync_dir(dest.parent)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp_path.unlink()
+        raise
+
+
+def write_bytes(dest: str | os.PathLike[str], data: bytes) -> None:
+    """Atomically replace ``dest`` with ``data``."""
+    with atomic_path(dest) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text(dest: str | os.PathLike[str], text: str) -> None:
+    """Atomically replace ``dest`` with UTF-8 ``text``."""
+    write_bytes(dest, text.encode("utf-8"))
+
+
+def write_json(dest: str | os.PathLike[str], obj: Any) -> None:
+    """Atomically replace ``dest`` with ``obj`` as indented JSON."""
+    write_text(dest, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def remove_stale_temps(folder: str | os.PathLike[str]) -> int:
+    """Delete leftover temporary files of interrupted writes in ``folder``; return how many."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return 0
+    removed = 0
+    for p in folder.glob(TMP_PREFIX + "*"):
+        with contextlib.suppress(OSError):
+            p.unlink()
+            removed += 1
+    return removed

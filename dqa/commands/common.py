@@ -1,0 +1,53 @@
+"""Helpers shared by the command modules: error handling, console, output modes."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Any, Callable, TypeVar
+
+import typer
+
+from dqa.errors import EXIT_RUNTIME, DqaError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def stderr_is_tty() -> bool:
+    """True when progress bars and colour should be shown (an interactive terminal)."""
+    return sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
+
+
+def fail(message: str, code: int) -> None:
+    """Print ``dqa: error: message`` on one line to stderr and exit with ``code``."""
+    first = " ".join(str(message).split("\n")[0].split())
+    print(f"dqa: error: {first}", file=sys.stderr)
+    raise typer.Exit(code)
+
+
+def handles_errors(fn: F) -> F:
+    """Turn ``DqaError`` into its one-line message and exit code; Ctrl-C into exit 3."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except DqaError as exc:
+            fail(str(exc), exc.exit_code)
+        except KeyboardInterrupt:
+            fail("interrupted", EXIT_RUNTIME)
+        except OSError as exc:
+            if os.environ.get("DQA_DEBUG"):
+                raise
+            where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+            fail(f"{where}{exc.strerror or exc}", EXIT_RUNTIME)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def console(stderr: bool = True):
+    """A rich Console on stderr (progress, tables for people) or stdout (results)."""
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)

@@ -1,0 +1,1 @@
+"""dqa.regen: fleet, request client, durable journal and shards, planning, merge."""

@@ -1,0 +1,1 @@
+"""dqa.reports: terminal tables, Markdown, self-contained HTML and JUnit XML renderers."""
