@@ -1,0 +1,249 @@
+"""The named checks: each a small rule over the per-sample metrics table.
+
+A check is data: a stable name, one sentence on what it flags, why that hurts
+training, its thresholds with defaults, and a vectorized polars expression.
+The CLI (``dqa scan --list-checks``), the reports and the expectation suites
+all read ``CHECKS``. Thresholds are overridden by a TOML config
+(``[checks.NAME] param = value``) or ``--set NAME.param=value``.
+
+Set-level context comes first (``prepare``): how many samples share each
+supervised-token hash, how many distinct prompts each shared response has,
+and whether thinking is expected in this set.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import polars as pl
+
+from dqa.errors import InputError
+
+
+@dataclass(frozen=True)
+class Context:
+    """Set-level facts a rule may use."""
+
+    rows: int
+    thinking_expected: bool
+    params: dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Check:
+    """A named, documented, vectorized rule. ``rule(ctx)`` returns a boolean polars expression."""
+
+    name: str
+    flags_when: str
+    why: str
+    rule: Callable[[Context], pl.Expr]
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+
+def _p(ctx: Context, check: str, key: str) -> Any:
+    return ctx.params[check][key]
+
+
+def _degenerate_min_rows(ctx: Context) -> int:
+    p = ctx.params["degenerate_template"]
+    return max(int(p["min_rows"]), math.ceil(float(p["min_share"]) * ctx.rows))
+
+
+SUP = pl.col("supervised_tokens") > 0
+
+CHECKS: tuple[Check, ...] = (
+    Check(
+        "no_loss",
+        "nothing is supervised (an all-zero loss mask, or every label -100)",
+        "the sample costs a forward pass and teaches nothing; often a masking bug",
+        lambda ctx: (pl.col("supervised_tokens") == 0) & (pl.col("n_mask") == pl.col("n_tokens")),
+    ),
+    Check(
+        "length_mismatch",
+        "the loss mask / labels list is not as long as input_ids",
+        "trainers either crash or silently shift the mask against the tokens",
+        lambda ctx: pl.col("n_mask") != pl.col("n_tokens"),
+    ),
+    Check(
+        "degenerate_template",
+        "its supervised tokens recur, identical, across a large share of the set",
+        "the model learns one canned answer (the 'OK.' mode of thinking-off generation)",
+        lambda ctx: SUP & (pl.col("template_rows") >= _degenerate_min_rows(ctx)),
+        {"min_share": 0.01, "min_rows": 10},
+    ),
+    Check(
+        "duplicate_response",
+        "its supervised tokens equal another sample's (with a different prompt), below the degenerate threshold",
+        "the same answer for different questions teaches the model to ignore the prompt",
+        lambda ctx: SUP
+        & (pl.col("template_rows") >= 2)
+        & (pl.col("template_prompts") >= 2)
+        & (pl.col("template_rows") < _degenerate_min_rows(ctx)),
+    ),
+    Check(
+        "short_response",
+        "too few supervised content tokens once template boilerplate (think tags, blank lines, end of turn) is set aside",
+        "a handful of supervised tokens gives the drafter almost nothing to learn from",
+        lambda ctx: SUP & (pl.col("content_tokens") < _p(ctx, "short_response", "min_content_tokens")),
+        {"min_content_tokens": 10},
+    ),
+    Check(
+        "empty_thinking",
+        "the final assistant turn's think block is present but empty, in a set where thinking is expected",
+        "teaches the model to skip reasoning: the signature of generation with thinking mode off",
+        lambda ctx: pl.lit(ctx.thinking_expected)
+        & SUP
+        & pl.col("think_present")
+        & pl.col("think_closed")
+        & (pl.col("thinking_tokens") == 0),
+    ),
+    Check(
+        "missing_thinking",
+        "the final assistant turn has no think block, in a set where thinking is expected",
+        "a reasoning model trained on answers without reasoning loses its thinking mode",
+        lambda ctx: pl.lit(ctx.thinking_expected) & SUP & pl.col("has_assistant") & ~pl.col("think_present"),
+    ),
+    Check(
+        "truncated",
+        "the supervised span of the final turn does not end in the end-of-turn token (or its think block never closes)",
+        "the model learns to stop mid-thought; length-capped generations counted as good",
+        lambda ctx: SUP
+        & (
+            ~pl.col("last_supervised_eot")
+            | (pl.col("has_assistant") & ~pl.col("final_turn_closed"))
+            | (pl.col("think_present") & ~pl.col("think_closed"))
+        ),
+    ),
+    Check(
+        "repetition_loop",
+        "the supervised text is dominated by a repeated n-gram (a thinking loop)",
+        "loops teach the model to loop; they also burn the token budget of the sample",
+        lambda ctx: (pl.col("content_tokens") >= _p(ctx, "repetition_loop", "min_tokens"))
+        & (pl.col("ngram_repeat_share") >= _p(ctx, "repetition_loop", "min_repeat_share")),
+        {"min_tokens": 128, "min_repeat_share": 0.5},
+    ),
+    Check(
+        "mask_misaligned",
+        "supervised tokens fall outside assistant turns (chat headers, system or user text), or labels differ from input_ids",
+        "the model is trained to write the user's side or the template itself",
+        lambda ctx: pl.col("misaligned_tokens") > _p(ctx, "mask_misaligned", "max_tokens"),
+        {"max_tokens": 0},
+    ),
+)
+
+CHECK_NAMES: tuple[str, ...] = tuple(c.name for c in CHECKS)
+BY_NAME: dict[str, Check] = {c.name: c for c in CHECKS}
+
+# Set-level switches that are not tied to one check.
+GLOBAL_DEFAULTS: dict[str, Any] = {"thinking_min_share": 0.05}
+
+
+def default_params() -> dict[str, dict[str, Any]]:
+    """Every check's thresholds (a fresh copy), plus ``"scan"`` for set-level switches."""
+    params = {c.name: dict(c.defaults) for c in CHECKS}
+    params["scan"] = dict(GLOBAL_DEFAULTS)
+    return params
+
+
+def apply_overrides(params: dict[str, dict[str, Any]], overrides: dict[str, dict[str, Any]], origin: str) -> None:
+    """Merge ``{check: {param: value}}`` into ``params`` in place, keeping each default's type.
+
+    Raises ``InputError`` (naming ``origin``) for an unknown check or parameter or a value of the wrong type.
+    """
+    for check, values in overrides.items():
+        if check not in params:
+            raise InputError(f"{origin}: unknown check {check!r} (known: {', '.join(params)})")
+        if not isinstance(values, dict):
+            raise InputError(f"{origin}: [{'checks.' + check}] must be a table of parameters")
+        for key, value in values.items():
+            if key not in params[check]:
+                known = ", ".join(params[check]) or "none"
+                raise InputError(f"{origin}: check {check!r} has no parameter {key!r} (parameters: {known})")
+            default = params[check][key]
+            try:
+                params[check][key] = type(default)(value) if not isinstance(value, bool) else value
+            except (TypeError, ValueError):
+                raise InputError(f"{origin}: {check}.{key} must be a {type(default).__name__}, got {value!r}") from None
+
+
+def parse_set(items: list[str]) -> dict[str, dict[str, Any]]:
+    """Parse ``--set check.param=value`` items into an overrides mapping (values as float or int).
+
+    Raises ``InputError`` for items not shaped ``name.param=value``.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        check, dot, param = key.strip().partition(".")
+        if not sep or not dot or not check or not param:
+            raise InputError(f"--set {item!r}: expected CHECK.PARAM=VALUE, e.g. short_response.min_content_tokens=5")
+        try:
+            value: Any = int(raw) if raw.strip().lstrip("-").isdigit() else float(raw)
+        except ValueError:
+            raise InputError(f"--set {item!r}: value must be a number") from None
+        out.setdefault(check, {})[param] = value
+    return out
+
+
+def load_config(path: str) -> dict[str, dict[str, Any]]:
+    """Read a TOML config's ``[checks.NAME]`` tables (and ``[scan]``) as overrides.
+
+    Raises ``InputError`` when the file is missing or not valid TOML.
+    """
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such config file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{path}: invalid TOML ({exc})") from None
+    overrides = dict(data.get("checks", {}))
+    if "scan" in data:
+        overrides["scan"] = data["scan"]
+    unknown = set(data) - {"checks", "scan"}
+    if unknown:
+        raise InputError(f"{path}: unknown section(s) {', '.join(sorted(unknown))} (expected [checks.NAME] and [scan])")
+    return overrides
+
+
+def prepare(metrics: pl.DataFrame) -> pl.DataFrame:
+    """Add set-level columns: ``template_rows`` (samples sharing the supervised hash) and
+    ``template_prompts`` (distinct prompts among them); 0 for unsupervised samples."""
+    groups = (
+        metrics.filter(pl.col("supervised_tokens") > 0)
+        .group_by("supervised_hash")
+        .agg(pl.len().alias("template_rows"), pl.col("prompt_hash").n_unique().alias("template_prompts"))
+    )
+    out = metrics.join(groups, on="supervised_hash", how="left", maintain_order="left")
+    return out.with_columns(
+        pl.col("template_rows").fill_null(0).cast(pl.Int64), pl.col("template_prompts").fill_null(0).cast(pl.Int64)
+    )
+
+
+def infer_thinking(metrics: pl.DataFrame, min_share: float) -> tuple[bool, float]:
+    """Whether thinking is expected: the share of supervised assistant samples whose final turn
+    has non-empty thinking reaches ``min_share``. Returns ``(expected, share)``."""
+    base = metrics.filter(pl.col("has_assistant") & (pl.col("supervised_tokens") > 0))
+    if base.height == 0:
+        return False, 0.0
+    share = float((base["thinking_tokens"] > 0).mean())  # type: ignore[arg-type]
+    return share >= min_share, share
+
+
+def evaluate(metrics: pl.DataFrame, ctx: Context, only: list[str] | None = None) -> pl.DataFrame:
+    """Add one boolean column per check (False for checks not in ``only``) and ``failed``.
+
+    ``metrics`` must already carry the columns of ``prepare``.
+    """
+    selected = set(only) if only else set(CHECK_NAMES)
+    exprs = [
+        (c.rule(ctx) if c.name in selected else pl.lit(False)).fill_null(False).alias(c.name) for c in CHECKS
+    ]
+    out = metrics.with_columns(exprs)
+    return out.with_columns(pl.any_horizontal([pl.col(n) for n in CHECK_NAMES]).alias("failed"))

@@ -1,0 +1,306 @@
+"""Per-sample metrics of a token batch, computed with whole-array numpy operations.
+
+The kernel never loops over rows or tokens in Python. Two ideas keep it fast:
+
+- Template tokens are rare. Their positions are found once per batch (one
+  lookup-table pass), and everything about turns, think blocks and headers is
+  answered with ``searchsorted`` on those short position arrays.
+- Ranges are counted with prefix sums: the supervised tokens in ``[a, b)`` are
+  ``cs[b] - cs[a]`` for the cumulative sum ``cs`` of the mask.
+
+Hashes (supervised sequence, prompt, n-grams) use a per-token 64-bit mix table
+and polynomial sums in wrapping uint64 arithmetic, so equal token sequences hash
+equally whatever batch or row they sit in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dqa.audit.readers import TokenBatch
+from dqa.audit.template import TemplateSpec
+from dqa.errors import InputError
+
+NGRAM = 8  # n-gram length for repetition (must be 8: built by doubling 2 -> 4 -> 8)
+NGRAM_SAMPLE_SHIFT = np.uint64(61)  # keep n-grams whose hash has top 3 bits 0: a consistent 1/8 sample
+
+_K = 0x9E3779B97F4A7C15  # odd multiplier of the polynomial sequence hash
+_K_INV = pow(_K, -1, 1 << 64)
+_A, _B, _C = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0xD6E8FEB86659FD93)
+
+METRIC_COLUMNS = (
+    "n_tokens",
+    "n_mask",
+    "supervised_tokens",
+    "content_tokens",
+    "prompt_tokens",
+    "thinking_tokens",
+    "answer_tokens",
+    "has_assistant",
+    "think_present",
+    "think_closed",
+    "final_turn_closed",
+    "last_supervised_eot",
+    "misaligned_tokens",
+    "ngram_repeat_share",
+    "supervised_hash",
+    "prompt_hash",
+)
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """The splitmix64 finalizer on a uint64 array (a stable, well-mixed hash of each value)."""
+    x = x.astype(np.uint64, copy=True)
+    x += np.uint64(0x9E3779B97F4A7C15)
+    x ^= x >> np.uint64(30)
+    x *= _A
+    x ^= x >> np.uint64(27)
+    x *= _B
+    x ^= x >> np.uint64(31)
+    return x
+
+
+@dataclass
+class KernelTables:
+    """Lookup tables built once per scan from the template spec.
+
+    ``code[token]``: 0 for ordinary tokens, 1 turn start, 2 end of turn, 3 ``<think>``, 4 ``</think>``.
+    ``boiler[token]``: True for boilerplate. ``mix[token]``: 64-bit token hash.
+    ``pow`` / ``pow_inv``: powers of the sequence-hash multiplier and its inverse (grown on demand).
+    """
+
+    spec: TemplateSpec
+    code: np.ndarray
+    boiler: np.ndarray
+    mix: np.ndarray
+    pow: np.ndarray = field(default_factory=lambda: np.ones(1, dtype=np.uint64))
+    pow_inv: np.ndarray = field(default_factory=lambda: np.ones(1, dtype=np.uint64))
+
+    @classmethod
+    def build(cls, spec: TemplateSpec) -> "KernelTables":
+        code = np.zeros(spec.vocab_size, dtype=np.uint8)
+        code[spec.turn_start] = 1
+        code[spec.eot] = 2
+        if spec.think_open is not None:
+            code[spec.think_open] = 3
+        if spec.think_close is not None:
+            code[spec.think_close] = 4
+        mix = splitmix64(np.arange(spec.vocab_size, dtype=np.uint64))
+        mix |= np.uint64(1)  # never zero, so a token always contributes
+        return cls(spec=spec, code=code, boiler=spec.boilerplate_lut(), mix=mix)
+
+    def powers(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Return ``(K**i, K**-i) mod 2**64`` for ``i < n``."""
+        if len(self.pow) < n:
+            size = max(n, 2 * len(self.pow))
+            self.pow = _powers(_K, size)
+            self.pow_inv = _powers(_K_INV, size)
+        return self.pow[:n], self.pow_inv[:n]
+
+
+def _powers(base: int, size: int) -> np.ndarray:
+    """``base**i mod 2**64`` for ``i < size`` (wrapping uint64 products)."""
+    factors = np.full(size, base, dtype=np.uint64)
+    factors[0] = 1
+    return np.cumprod(factors, dtype=np.uint64)
+
+
+def _prefix(x: np.ndarray) -> np.ndarray:
+    """``[0, x0, x0+x1, ...]`` as int64 (length ``len(x) + 1``)."""
+    out = np.empty(len(x) + 1, dtype=np.int64)
+    out[0] = 0
+    np.cumsum(x, out=out[1:])
+    return out
+
+
+def _sequence_hash(tokens_mix: np.ndarray, bounds: np.ndarray, tables: KernelTables) -> np.ndarray:
+    """Order-sensitive 64-bit hash of each segment ``tokens_mix[bounds[r]:bounds[r+1]]``.
+
+    ``sum_i mix_i * K**i`` with ``i`` counted from the segment start (the global
+    power is divided out with the inverse power); 0 for an empty segment.
+    """
+    n = len(bounds) - 1
+    if tokens_mix.size == 0:
+        return np.zeros(n, dtype=np.uint64)
+    p, p_inv = tables.powers(tokens_mix.size + 1)
+    weighted = tokens_mix * p[: tokens_mix.size]
+    cs = np.empty(tokens_mix.size + 1, dtype=np.uint64)
+    cs[0] = 0
+    np.cumsum(weighted, out=cs[1:])
+    lo, hi = bounds[:-1], bounds[1:]
+    h = (cs[hi] - cs[lo]) * p_inv[np.minimum(lo, tokens_mix.size)]
+    lengths = (hi - lo).astype(np.uint64)
+    h = splitmix64(h ^ (lengths * _C))
+    h[lengths == 0] = 0
+    return h
+
+
+def _ngram_repeat_share(sup_mix: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Share of each row's (sampled) supervised 8-grams that repeat an earlier 8-gram of the same row.
+
+    N-gram hashes are built by doubling (2-, 4-, then 8-grams). A consistent
+    sample (the n-grams whose hash has its top 3 bits clear) keeps 1/8 of them:
+    equal n-grams are kept or dropped together, so the repeat share is estimated
+    without bias at an eighth of the sorting cost.
+    """
+    n = len(bounds) - 1
+    share = np.zeros(n, dtype=np.float64)
+    if sup_mix.size < NGRAM:
+        return share
+    h2 = sup_mix[:-1] * _A + sup_mix[1:]
+    h4 = h2[:-2] * _B + h2[2:]
+    h8 = h4[:-4] * _C + h4[4:]
+    del h2, h4
+    pos = np.flatnonzero((h8 >> NGRAM_SAMPLE_SHIFT) == 0)
+    if pos.size == 0:
+        return share
+    row = np.searchsorted(bounds, pos, side="right") - 1
+    inside = pos + NGRAM <= bounds[row + 1]
+    pos, row = pos[inside], row[inside]
+    if pos.size == 0:
+        return share
+    key = (row.astype(np.uint64) << np.uint64(40)) | (h8[pos] >> np.uint64(24))
+    key.sort()
+    total = np.bincount(row, minlength=n)
+    dup_rows = (key[1:][key[1:] == key[:-1]] >> np.uint64(40)).astype(np.int64)
+    dups = np.bincount(dup_rows, minlength=n)
+    np.divide(dups, total, out=share, where=total > 0)
+    return share
+
+
+def batch_metrics(batch: TokenBatch, tables: KernelTables) -> dict[str, np.ndarray]:
+    """Compute the per-row metrics of ``batch`` (see FORMATS.md, metrics.parquet).
+
+    Returns a dict of equal-length numpy arrays keyed by ``METRIC_COLUMNS``.
+    Raises ``InputError`` naming the file and row of a token id outside the vocabulary.
+    """
+    spec = tables.spec
+    ids, offs, mask = batch.ids, batch.offsets, batch.mask
+    n = batch.num_rows
+    starts, ends = offs[:-1], offs[1:]
+    n_tokens = ends - starts
+
+    if ids.size and int(ids.max()) >= spec.vocab_size:
+        pos = int(np.argmax(ids >= spec.vocab_size))
+        row = batch.start_row + int(np.searchsorted(offs, pos, side="right") - 1)
+        raise InputError(
+            f"{batch.source}: row {row}: token id {int(ids[pos])} is beyond the tokenizer's vocabulary "
+            f"({spec.vocab_size} ids, {spec.name}); wrong --tokenizer?"
+        )
+
+    # Dense passes: prefix sums of the mask, of non-boilerplate tokens, of supervised content.
+    cs_mask = _prefix(mask)
+    supervised = cs_mask[ends] - cs_mask[starts]
+    content = ~tables.boiler[ids]
+    cs_content = _prefix(content)
+    sup_content = content & mask.view(bool)
+    cs_sup_content = _prefix(sup_content)
+    content_tokens = cs_sup_content[ends] - cs_sup_content[starts]
+
+    # Sparse template positions.
+    codes = tables.code[ids]
+    special = np.flatnonzero(codes)
+    special_codes = codes[special]
+    pos_ts = special[special_codes == 1]
+    pos_eot = special[special_codes == 2]
+    pos_open = special[special_codes == 3]
+    pos_close = special[special_codes == 4]
+
+    # Assistant headers: a turn start followed by the rest of the header, inside the same row.
+    header = np.asarray(spec.assistant_header, dtype=np.int64)
+    hlen = len(header)
+    ts_row = np.searchsorted(offs, pos_ts, side="right") - 1
+    fits = pos_ts + hlen <= ends[ts_row]
+    is_header = fits.copy()
+    for k in range(1, hlen):  # loop over the header's few tokens, not over data
+        idx = np.minimum(pos_ts + k, max(ids.size - 1, 0))
+        is_header &= ids[idx] == header[k]
+    hpos = pos_ts[is_header]
+    hrow = ts_row[is_header]
+
+    # The final assistant turn of each row.
+    rows = np.arange(n)
+    last = np.searchsorted(hrow, rows, side="right") - 1
+    has_assistant = (last >= 0) & (hrow[np.maximum(last, 0)] == rows) if hrow.size else np.zeros(n, dtype=bool)
+    content_start = np.where(has_assistant, hpos[np.maximum(last, 0)] + hlen if hpos.size else 0, ends)
+    prompt_tokens = np.where(has_assistant, content_start - starts, n_tokens)
+
+    def first_at_or_after(positions: np.ndarray, at: np.ndarray, limit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Position of the first element of ``positions`` in ``[at, limit)`` per row, and whether it exists."""
+        if positions.size == 0:
+            return limit.copy(), np.zeros(len(at), dtype=bool)
+        k = np.searchsorted(positions, at, side="left")
+        found = k < positions.size
+        p = positions[np.minimum(k, positions.size - 1)]
+        found &= p < limit
+        return np.where(found, p, limit), found
+
+    eot_at, final_turn_closed = first_at_or_after(pos_eot, content_start, ends)
+    final_turn_closed &= has_assistant
+    final_end = np.where(final_turn_closed, eot_at + 1, ends)
+    open_at, think_present = first_at_or_after(pos_open, content_start, final_end)
+    think_present &= has_assistant
+    close_at, think_closed = first_at_or_after(pos_close, open_at + 1, final_end)
+    think_closed &= think_present
+    think_stop = np.where(think_closed, close_at, final_end)
+    thinking_tokens = np.where(think_present, cs_content[think_stop] - cs_content[np.minimum(open_at + 1, think_stop)], 0)
+    answer_start = np.where(think_closed, close_at + 1, np.where(think_present, final_end, content_start))
+    answer_tokens = np.where(has_assistant, cs_sup_content[final_end] - cs_sup_content[answer_start], 0)
+
+    # Last supervised position: the first index where the mask prefix reaches the row's total.
+    last_sup = np.searchsorted(cs_mask, cs_mask[ends], side="left") - 1
+    has_sup = supervised > 0
+    safe_last = np.clip(last_sup, 0, max(ids.size - 1, 0))
+    nxt = np.minimum(safe_last + 1, max(ids.size - 1, 0))
+    last_supervised_eot = has_sup & (
+        (ids[safe_last] == spec.eot) | ((safe_last + 1 < ends) & (ids[nxt] == spec.eot))
+    ) if ids.size else np.zeros(n, dtype=bool)
+
+    # Supervised tokens inside assistant turns: from after each header to its end of turn
+    # (plus one trailing newline, which common masking code includes), cut at the next turn start.
+    if hpos.size:
+        region_start = hpos + hlen
+        row_end = ends[hrow]
+        e_at, e_found = first_at_or_after(pos_eot, region_start, row_end)
+        region_end = np.where(e_found, e_at + 1, row_end)
+        if spec.newline is not None and ids.size:
+            trailing_nl = e_found & (region_end < row_end) & (ids[np.minimum(region_end, ids.size - 1)] == spec.newline)
+            region_end = region_end + trailing_nl
+        nts, nts_found = first_at_or_after(pos_ts, region_start, row_end)
+        region_end = np.where(nts_found, np.minimum(region_end, nts), region_end)
+        inside = cs_mask[region_end] - cs_mask[region_start]
+        sup_inside = np.bincount(hrow, weights=inside, minlength=n).astype(np.int64)
+    else:
+        sup_inside = np.zeros(n, dtype=np.int64)
+    misaligned = supervised - sup_inside + batch.label_mismatch
+
+    # Hashes of the supervised sequence and of the prompt (unsupervised tokens), and loops.
+    mb = mask.view(bool)
+    sup_mix = tables.mix[ids[mb]]
+    sup_bounds = cs_mask[offs]
+    supervised_hash = _sequence_hash(sup_mix, sup_bounds, tables)
+    ngram_share = _ngram_repeat_share(sup_mix, sup_bounds)
+    del sup_mix
+    uns_mix = tables.mix[ids[~mb]]
+    prompt_hash = _sequence_hash(uns_mix, offs - sup_bounds, tables)
+
+    return {
+        "n_tokens": n_tokens,
+        "n_mask": batch.mask_lengths.astype(np.int64, copy=False),
+        "supervised_tokens": supervised,
+        "content_tokens": content_tokens,
+        "prompt_tokens": prompt_tokens.astype(np.int64, copy=False),
+        "thinking_tokens": thinking_tokens.astype(np.int64, copy=False),
+        "answer_tokens": answer_tokens.astype(np.int64, copy=False),
+        "has_assistant": has_assistant,
+        "think_present": think_present,
+        "think_closed": think_closed,
+        "final_turn_closed": final_turn_closed,
+        "last_supervised_eot": last_supervised_eot,
+        "misaligned_tokens": misaligned.astype(np.int64, copy=False),
+        "ngram_repeat_share": ngram_share,
+        "supervised_hash": supervised_hash,
+        "prompt_hash": prompt_hash,
+    }

@@ -1,0 +1,295 @@
+"""``run_scan``: stream a dataset through the kernels, apply the checks, write the scan folder.
+
+Output (FORMATS.md): ``metrics.parquet``, ``findings.parquet``, ``summary.json``,
+``summary.md``. Everything is built in a temporary sibling folder and moved into
+place only when the scan succeeded, so a failed or interrupted scan never
+leaves output that looks complete.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dqa import atomic
+from dqa.audit import checks as checks_mod
+from dqa.audit.kernels import METRIC_COLUMNS, KernelTables, batch_metrics
+from dqa.audit.readers import Dataset, open_dataset
+from dqa.audit.template import TemplateSpec, load_template
+from dqa.errors import InputError
+
+TOP_TEMPLATES = 10
+TEMPLATE_DECODE_MAX_TOKENS = 256
+
+
+@dataclass
+class ScanOptions:
+    """Everything ``dqa scan`` can be told. Column names left None are detected."""
+
+    tokenizer: str | None = None
+    ids_column: str | None = None
+    mask_column: str | None = None
+    labels_column: str | None = None
+    id_column: str | None = None
+    thinking: str = "auto"  # auto | expected | off
+    only: list[str] | None = None
+    skip: list[str] = field(default_factory=list)
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    batch_rows: int = 2048
+
+
+@dataclass
+class ScanResult:
+    """What a scan produced: the output folder, the summary dict and the two tables."""
+
+    out_dir: Path
+    summary: dict[str, Any]
+    metrics: pl.DataFrame
+    findings: pl.DataFrame
+
+
+ProgressFn = Callable[[int, int], None]  # (rows done so far, tokens done so far)
+
+
+def default_out_dir(dataset: str | Path) -> Path:
+    """``dqa-out/<dataset name>/`` in the current folder."""
+    p = Path(dataset)
+    name = p.name if p.is_dir() else p.name.split(".")[0]
+    return Path("dqa-out") / (name or "dataset")
+
+
+def _selected_checks(options: ScanOptions) -> list[str]:
+    only = options.only or list(checks_mod.CHECK_NAMES)
+    for name in [*only, *options.skip]:
+        if name not in checks_mod.BY_NAME:
+            raise InputError(f"unknown check {name!r} (known: {', '.join(checks_mod.CHECK_NAMES)})")
+    return [n for n in only if n not in set(options.skip)]
+
+
+def _stream_metrics(ds: Dataset, tables: KernelTables, part: Path, batch_rows: int, progress: ProgressFn | None) -> tuple[int, int]:
+    """Write one metrics row group per batch to ``part``; return ``(rows, tokens)``."""
+    writer: pq.ParquetWriter | None = None
+    rows = tokens = 0
+    id_type: pa.DataType | None = None
+    try:
+        for batch in ds.batches(batch_rows):
+            m = batch_metrics(batch, tables)
+            cols: dict[str, Any] = {"row": np.arange(batch.start_row, batch.start_row + batch.num_rows, dtype=np.int64)}
+            if batch.row_ids is not None:
+                ids_arr = batch.row_ids
+                if id_type is None:
+                    id_type = ids_arr.type
+                elif ids_arr.type != id_type:
+                    ids_arr = ids_arr.cast(id_type)
+                cols["id"] = ids_arr
+            cols.update(m)
+            table = pa.table(cols)
+            if writer is None:
+                writer = pq.ParquetWriter(part, table.schema, compression="zstd")
+            writer.write_table(table)
+            rows += batch.num_rows
+            tokens += int(batch.ids.size)
+            if progress:
+                progress(rows, tokens)
+    finally:
+        if writer is not None:
+            writer.close()
+    return rows, tokens
+
+
+def _supervised_tokens_of(ds: Dataset, wanted: list[int], batch_rows: int) -> dict[int, np.ndarray]:
+    """Supervised token ids of a few rows, read by streaming until the last wanted row is passed."""
+    found: dict[int, np.ndarray] = {}
+    if not wanted:
+        return found
+    want = np.array(sorted(set(wanted)), dtype=np.int64)
+    for batch in ds.batches(batch_rows):
+        lo, hi = batch.start_row, batch.start_row + batch.num_rows
+        for row in want[(want >= lo) & (want < hi)]:  # at most TOP_TEMPLATES rows
+            r = int(row) - lo
+            a, b = batch.offsets[r], batch.offsets[r + 1]
+            found[int(row)] = batch.ids[a:b][batch.mask[a:b].view(bool)]
+        if hi > want[-1]:
+            break
+    return found
+
+
+def _distribution(values: pl.Series) -> dict[str, Any]:
+    if values.len() == 0:
+        return {"mean": 0.0, "histogram": {"edges": [], "counts": []}}
+    qs = {f"p{int(q * 100):02d}": float(values.quantile(q, "nearest")) for q in (0.01, 0.10, 0.50, 0.90, 0.99)}
+    top = int(values.max())  # type: ignore[arg-type]
+    edges = [0, 1] + [2**k for k in range(1, max(1, math.ceil(math.log2(top + 1))) + 1)]
+    counts = np.histogram(values.to_numpy(), bins=edges + [edges[-1] * 2])[0].tolist()
+    return {
+        "mean": float(values.mean()),  # type: ignore[arg-type]
+        "min": int(values.min()),  # type: ignore[arg-type]
+        **qs,
+        "max": top,
+        "histogram": {"edges": edges + [edges[-1] * 2], "counts": counts},
+    }
+
+
+def _templates(metrics: pl.DataFrame, ds: Dataset, spec: TemplateSpec, batch_rows: int, rows: int) -> list[dict[str, Any]]:
+    groups = (
+        metrics.filter(pl.col("degenerate_template"))
+        .group_by("supervised_hash")
+        .agg(pl.len().alias("count"), pl.col("row").min().alias("example_row"), pl.col("supervised_tokens").first().alias("tokens"))
+        .sort(["count", "example_row"], descending=[True, False])
+        .head(TOP_TEMPLATES)
+    )
+    if groups.height == 0:
+        return []
+    tokens = _supervised_tokens_of(ds, groups["example_row"].to_list(), batch_rows)
+    out = []
+    for g in groups.iter_rows(named=True):  # at most TOP_TEMPLATES groups
+        ids = tokens.get(g["example_row"], np.zeros(0, dtype=np.int32))
+        text = spec.decode(ids[:TEMPLATE_DECODE_MAX_TOKENS].tolist())
+        if len(ids) > TEMPLATE_DECODE_MAX_TOKENS:
+            text += "…"
+        out.append(
+            {
+                "text": text,
+                "tokens": int(g["tokens"]),
+                "count": int(g["count"]),
+                "share": g["count"] / rows if rows else 0.0,
+                "supervised_hash": int(g["supervised_hash"]),
+                "example_row": int(g["example_row"]),
+            }
+        )
+    return out
+
+
+def run_scan(
+    dataset: str | Path,
+    out_dir: str | Path | None = None,
+    options: ScanOptions | None = None,
+    progress: ProgressFn | None = None,
+) -> ScanResult:
+    """Scan ``dataset`` and write the scan folder to ``out_dir`` (default ``dqa-out/<name>/``).
+
+    Returns a ``ScanResult``. Raises ``InputError`` for unreadable or malformed
+    input (nothing is written then) and ``OSError`` for output failures.
+    """
+    options = options or ScanOptions()
+    t0 = time.perf_counter()
+    selected = _selected_checks(options)
+    params = checks_mod.default_params()
+    checks_mod.apply_overrides(params, options.overrides, "config")
+    if options.thinking not in ("auto", "expected", "off"):
+        raise InputError(f"--thinking {options.thinking!r}: expected auto, expected or off")
+
+    ds = open_dataset(dataset, options.ids_column, options.mask_column, options.labels_column, options.id_column)
+    spec = load_template(options.tokenizer)
+    tables = KernelTables.build(spec)
+    out = Path(out_dir) if out_dir is not None else default_out_dir(dataset)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=atomic.TMP_PREFIX + out.name + ".", dir=out.parent))
+    try:
+        part = work / "metrics.part.parquet"
+        rows, tokens = _stream_metrics(ds, tables, part, options.batch_rows, progress)
+        if rows == 0:
+            raise InputError(f"{dataset}: no rows (an empty dataset)")
+        metrics = checks_mod.prepare(pl.read_parquet(part))
+        part.unlink()
+        if options.thinking == "auto":
+            expected, share = checks_mod.infer_thinking(metrics, float(params["scan"]["thinking_min_share"]))
+        else:
+            expected, share = options.thinking == "expected", checks_mod.infer_thinking(metrics, 0.0)[1]
+        ctx = checks_mod.Context(rows=rows, thinking_expected=expected, params=params)
+        metrics = checks_mod.evaluate(metrics, ctx, selected)
+        id_cols = ["id"] if "id" in metrics.columns else []
+        findings = (
+            metrics.filter(pl.col("failed"))
+            .select(
+                "row",
+                *id_cols,
+                pl.concat_list([pl.when(pl.col(n)).then(pl.lit(n)).otherwise(None) for n in checks_mod.CHECK_NAMES])
+                .list.drop_nulls()
+                .alias("reasons"),
+            )
+        )
+        summary = _summary(ds, metrics, findings, spec, ctx, share, options, selected, tokens, time.perf_counter() - t0)
+        summary["degenerate_templates"] = _templates(metrics, ds, spec, options.batch_rows, rows)
+        metrics.write_parquet(work / "metrics.parquet", compression="zstd")
+        findings.write_parquet(work / "findings.parquet", compression="zstd")
+        from dqa.reports.scan_markdown import render_scan_markdown
+
+        atomic.write_json(work / "summary.json", summary)
+        atomic.write_text(work / "summary.md", render_scan_markdown(summary))
+        _replace_dir(work, out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return ScanResult(out_dir=out, summary=summary, metrics=metrics, findings=findings)
+
+
+def _replace_dir(src: Path, dest: Path) -> None:
+    """Move folder ``src`` to ``dest``, replacing an earlier scan folder there (two renames)."""
+    if dest.exists():
+        if not dest.is_dir():
+            raise InputError(f"{dest}: exists and is not a folder")
+        old = dest.with_name(atomic.TMP_PREFIX + dest.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(dest, old)
+        os.replace(src, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dest)
+    atomic.fsync_dir(dest.parent)
+
+
+def _summary(
+    ds: Dataset,
+    metrics: pl.DataFrame,
+    findings: pl.DataFrame,
+    spec: TemplateSpec,
+    ctx: checks_mod.Context,
+    thinking_share: float,
+    options: ScanOptions,
+    selected: list[str],
+    tokens: int,
+    elapsed: float,
+) -> dict[str, Any]:
+    rows = metrics.height
+    counts = metrics.select([pl.col(n).sum().alias(n) for n in checks_mod.CHECK_NAMES]).row(0, named=True)
+    checks = {
+        c.name: {
+            "count": int(counts[c.name]),
+            "share": counts[c.name] / rows,
+            "enabled": c.name in selected,
+            "flags_when": c.flags_when,
+        }
+        for c in checks_mod.CHECKS
+    }
+    return {
+        "dataset": str(ds.path),
+        "format": ds.format,
+        "convention": ds.columns.convention,
+        "columns": {"ids": ds.columns.ids, "supervision": ds.columns.supervision, "id": ds.columns.id},
+        "template": spec.name,
+        "rows": rows,
+        "tokens": tokens,
+        "supervised_tokens": int(metrics["supervised_tokens"].sum()),
+        "failing_rows": findings.height,
+        "failing_share": findings.height / rows,
+        "thinking_expected": ctx.thinking_expected,
+        "thinking_inferred": options.thinking == "auto",
+        "thinking_share": thinking_share,
+        "checks": checks,
+        "degenerate_templates": [],
+        "supervised_tokens_distribution": _distribution(metrics["supervised_tokens"]),
+        "params": ctx.params,
+        "elapsed_s": round(elapsed, 3),
+    }

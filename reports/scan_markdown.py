@@ -1,0 +1,65 @@
+"""Render a scan summary (``summary.json``) as Markdown for people and CI step summaries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def template_repr(text: str, limit: int = 80) -> str:
+    """A one-line, quoted, escape-visible rendering of decoded template text (``\\n`` shown as such)."""
+    shown = text.encode("unicode_escape").decode("ascii").replace('"', '\\"')
+    if len(shown) > limit:
+        shown = shown[: limit - 1] + "…"
+    return f'"{shown}"'
+
+
+def ranked_checks(summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Checks with at least one flagged sample, biggest first (ties by name)."""
+    items = [(n, c) for n, c in summary["checks"].items() if c["count"] > 0]
+    return sorted(items, key=lambda kv: (-kv[1]["count"], kv[0]))
+
+
+def _md_escape(s: str) -> str:
+    return s.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def render_scan_markdown(summary: dict[str, Any]) -> str:
+    """Return the Markdown text of ``summary.md``."""
+    rows = summary["rows"]
+    lines = [
+        f"# dqa scan: {summary['dataset']}",
+        "",
+        f"{summary['failing_rows']:,} of {rows:,} samples fail ({summary['failing_share']:.1%}); "
+        f"{summary['tokens']:,} tokens, {summary['supervised_tokens']:,} supervised. "
+        f"Thinking {'expected' if summary['thinking_expected'] else 'not expected'}"
+        f" ({'inferred' if summary['thinking_inferred'] else 'given'}; {summary['thinking_share']:.1%} of samples think).",
+        "",
+        "| check | samples | share | flags a sample when |",
+        "| --- | ---: | ---: | --- |",
+    ]
+    for name, c in ranked_checks(summary):
+        lines.append(f"| `{name}` | {c['count']:,} | {c['share']:.1%} | {_md_escape(c['flags_when'])} |")
+    if not ranked_checks(summary):
+        lines.append("| (none) | 0 | 0.0% | every check passed |")
+    if summary.get("degenerate_templates"):
+        lines += ["", "## Degenerate templates", "", "| samples | share | tokens | supervised text |", "| ---: | ---: | ---: | --- |"]
+        for t in summary["degenerate_templates"]:
+            lines.append(f"| {t['count']:,} | {t['share']:.1%} | {t['tokens']} | `{_md_escape(template_repr(t['text'], 120))}` |")
+    d = summary["supervised_tokens_distribution"]
+    if "p50" in d:
+        lines += [
+            "",
+            "## Supervised tokens per sample",
+            "",
+            f"mean {d['mean']:.1f}, min {d['min']}, p10 {d['p10']:.0f}, median {d['p50']:.0f}, p90 {d['p90']:.0f}, "
+            f"p99 {d['p99']:.0f}, max {d['max']}",
+            "",
+            "| from | to (excl.) | samples |",
+            "| ---: | ---: | ---: |",
+        ]
+        edges, counts = d["histogram"]["edges"], d["histogram"]["counts"]
+        for lo, hi, n in zip(edges, edges[1:], counts):
+            if n:
+                lines.append(f"| {lo} | {hi} | {n:,} |")
+    lines.append("")
+    return "\n".join(lines)
