@@ -33,9 +33,13 @@ class Context:
 
 @dataclass(frozen=True)
 class Check:
-    """A named, documented, vectorized rule. ``rule(ctx)`` returns a boolean polars expression."""
+    """A named, documented, vectorized rule. ``rule(ctx)`` returns a boolean polars expression.
+
+    ``label`` is a few words for tables; ``flags_when`` the full sentence; ``why`` the harm to training.
+    """
 
     name: str
+    label: str
     flags_when: str
     why: str
     rule: Callable[[Context], pl.Expr]
@@ -56,18 +60,21 @@ SUP = pl.col("supervised_tokens") > 0
 CHECKS: tuple[Check, ...] = (
     Check(
         "no_loss",
+        "all-zero loss mask",
         "nothing is supervised (an all-zero loss mask, or every label -100)",
         "the sample costs a forward pass and teaches nothing; often a masking bug",
         lambda ctx: (pl.col("supervised_tokens") == 0) & (pl.col("n_mask") == pl.col("n_tokens")),
     ),
     Check(
         "length_mismatch",
+        "mask length differs from input_ids",
         "the loss mask / labels list is not as long as input_ids",
         "trainers either crash or silently shift the mask against the tokens",
         lambda ctx: pl.col("n_mask") != pl.col("n_tokens"),
     ),
     Check(
         "degenerate_template",
+        "one canned response across the set",
         "its supervised tokens recur, identical, across a large share of the set",
         "the model learns one canned answer (the 'OK.' mode of thinking-off generation)",
         lambda ctx: SUP & (pl.col("template_rows") >= _degenerate_min_rows(ctx)),
@@ -75,6 +82,7 @@ CHECKS: tuple[Check, ...] = (
     ),
     Check(
         "duplicate_response",
+        "same response as a different prompt",
         "its supervised tokens equal another sample's (with a different prompt), below the degenerate threshold",
         "the same answer for different questions teaches the model to ignore the prompt",
         lambda ctx: SUP
@@ -84,6 +92,7 @@ CHECKS: tuple[Check, ...] = (
     ),
     Check(
         "short_response",
+        "almost no supervised content",
         "too few supervised content tokens once template boilerplate (think tags, blank lines, end of turn) is set aside",
         "a handful of supervised tokens gives the drafter almost nothing to learn from",
         lambda ctx: SUP & (pl.col("content_tokens") < _p(ctx, "short_response", "min_content_tokens")),
@@ -91,6 +100,7 @@ CHECKS: tuple[Check, ...] = (
     ),
     Check(
         "empty_thinking",
+        "empty <think></think> block",
         "the final assistant turn's think block is present but empty, in a set where thinking is expected",
         "teaches the model to skip reasoning: the signature of generation with thinking mode off",
         lambda ctx: pl.lit(ctx.thinking_expected)
@@ -101,12 +111,14 @@ CHECKS: tuple[Check, ...] = (
     ),
     Check(
         "missing_thinking",
+        "no think block in the final turn",
         "the final assistant turn has no think block, in a set where thinking is expected",
         "a reasoning model trained on answers without reasoning loses its thinking mode",
         lambda ctx: pl.lit(ctx.thinking_expected) & SUP & pl.col("has_assistant") & ~pl.col("think_present"),
     ),
     Check(
         "truncated",
+        "does not end with end-of-turn",
         "the supervised span of the final turn does not end in the end-of-turn token (or its think block never closes)",
         "the model learns to stop mid-thought; length-capped generations counted as good",
         lambda ctx: SUP
@@ -118,6 +130,7 @@ CHECKS: tuple[Check, ...] = (
     ),
     Check(
         "repetition_loop",
+        "a repeated n-gram dominates",
         "the supervised text is dominated by a repeated n-gram (a thinking loop)",
         "loops teach the model to loop; they also burn the token budget of the sample",
         lambda ctx: (pl.col("content_tokens") >= _p(ctx, "repetition_loop", "min_tokens"))
@@ -126,6 +139,7 @@ CHECKS: tuple[Check, ...] = (
     ),
     Check(
         "mask_misaligned",
+        "loss on headers, user or system text",
         "supervised tokens fall outside assistant turns (chat headers, system or user text), or labels differ from input_ids",
         "the model is trained to write the user's side or the template itself",
         lambda ctx: pl.col("misaligned_tokens") > _p(ctx, "mask_misaligned", "max_tokens"),

@@ -269,6 +269,7 @@ def _summary(
             "count": int(counts[c.name]),
             "share": counts[c.name] / rows,
             "enabled": c.name in selected,
+            "label": c.label,
             "flags_when": c.flags_when,
         }
         for c in checks_mod.CHECKS
