@@ -1,0 +1,199 @@
+"""The fleet file: which servers `dqa fleet up` started, for every command that talks to them.
+
+`dqa fleet up` writes it; `dqa regen --fleet`, `dqa plan --fleet` and `dqa fleet status|down`
+read it. Format (FORMATS.md, "Fleet file")::
+
+    {"version": 1, "engine": "sglang", "protocol": "sglang", "model": "/dev/shm/Qwen3-27B",
+     "created_at": "2026-11-30T08:00:00Z",
+     "endpoints": [{"url": "http://10.0.0.5:30000", "gpu": "0", "pid": 4242,
+                    "log": "logs/gpu0.log", "host": "10.0.0.5", "cmd": ["python", "..."],
+                    "port": 30000, "started": 1796024085.12}]}
+
+``started`` (the process start time, seconds since the epoch) lets `fleet down` check that a
+recorded pid still is the process `fleet up` started before it signals it. A relative ``log``
+is relative to the fleet file's folder. The file never holds an API key: values of secret
+flags in ``cmd`` are replaced by ``***`` when the file is written.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dqa.atomic import write_json
+from dqa.errors import InputError
+
+FLEET_VERSION = 1
+DEFAULT_FLEET_FILE = "fleet.json"
+ENGINES = ("sglang", "transformers")
+PROTOCOLS = ("sglang", "openai")
+# Flags whose value is a credential; their values never reach the fleet file.
+SECRET_FLAGS = ("--api-key", "--admin-api-key", "--hf-token", "--token")
+REDACTED = "***"
+
+
+@dataclass
+class Endpoint:
+    """One server of the fleet. ``pid``/``started``/``log``/``cmd`` are absent for servers dqa did not start."""
+
+    url: str
+    gpu: str | None = None
+    pid: int | None = None
+    log: str | None = None
+    host: str | None = None
+    cmd: list[str] = field(default_factory=list)
+    port: int | None = None
+    started: float | None = None
+
+
+@dataclass
+class Fleet:
+    """A fleet as recorded in the fleet file; ``path`` is where it was read from (not stored)."""
+
+    engine: str
+    protocol: str
+    model: str
+    endpoints: list[Endpoint]
+    created_at: str = ""
+    version: int = FLEET_VERSION
+    path: Path | None = None
+
+    @property
+    def urls(self) -> list[str]:
+        """The endpoint base URLs, in GPU order."""
+        return [e.url for e in self.endpoints]
+
+    def log_path(self, endpoint: Endpoint) -> Path | None:
+        """The endpoint's log file, a relative path resolved against the fleet file's folder."""
+        if not endpoint.log:
+            return None
+        p = Path(endpoint.log)
+        if not p.is_absolute() and self.path is not None:
+            p = self.path.parent / p
+        return p
+
+
+def redact(cmd: list[str]) -> list[str]:
+    """Return ``cmd`` with the value of every secret flag (``--api-key X``, ``--api-key=X``) replaced by ``***``."""
+    out: list[str] = []
+    hide_next = False
+    for arg in cmd:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        name, eq, _ = arg.partition("=")
+        if name in SECRET_FLAGS:
+            if eq:
+                out.append(f"{name}={REDACTED}")
+            else:
+                out.append(arg)
+                hide_next = True
+            continue
+        out.append(arg)
+    return out
+
+
+def now_iso() -> str:
+    """The current UTC time as ``2026-11-30T08:00:00Z``."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def to_dict(fleet: Fleet) -> dict[str, Any]:
+    """The JSON object for ``fleet`` (secret flag values redacted, ``None`` fields dropped)."""
+    endpoints = []
+    for e in fleet.endpoints:
+        d = {k: v for k, v in asdict(e).items() if v is not None}
+        d["cmd"] = redact(list(e.cmd))
+        endpoints.append(d)
+    return {
+        "version": fleet.version,
+        "engine": fleet.engine,
+        "protocol": fleet.protocol,
+        "model": fleet.model,
+        "created_at": fleet.created_at or now_iso(),
+        "endpoints": endpoints,
+    }
+
+
+def write_fleet(path: str | Path, fleet: Fleet) -> Path:
+    """Atomically write ``fleet`` to ``path``; return the path. Raises ``OSError`` on a write failure."""
+    path = Path(path)
+    write_json(path, to_dict(fleet))
+    fleet.path = path
+    return path
+
+
+def _bad(path: Path, what: str) -> InputError:
+    return InputError(f"{path}: not a dqa fleet file: {what}")
+
+
+def parse_fleet(obj: Any, path: Path) -> Fleet:
+    """Validate a decoded fleet-file object; return the ``Fleet``. Raises ``InputError`` naming the field."""
+    if not isinstance(obj, dict):
+        raise _bad(path, "expected a JSON object")
+    version = obj.get("version", FLEET_VERSION)
+    if version != FLEET_VERSION:
+        raise _bad(path, f"version {version!r}, expected {FLEET_VERSION}")
+    engine = obj.get("engine", "sglang")
+    if engine not in ENGINES:
+        raise _bad(path, f"engine {engine!r}, expected one of {', '.join(ENGINES)}")
+    protocol = obj.get("protocol", "openai" if engine == "transformers" else "sglang")
+    if protocol not in PROTOCOLS:
+        raise _bad(path, f"protocol {protocol!r}, expected one of {', '.join(PROTOCOLS)}")
+    model = obj.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad(path, "'model' must be a non-empty string")
+    raw = obj.get("endpoints")
+    if not isinstance(raw, list) or not raw:
+        raise _bad(path, "'endpoints' must be a non-empty list")
+    endpoints = []
+    for i, e in enumerate(raw):
+        if not isinstance(e, dict) or not isinstance(e.get("url"), str) or not e["url"].startswith(("http://", "https://")):
+            raise _bad(path, f"endpoints[{i}].url must be an http(s) URL")
+        pid = e.get("pid")
+        if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0):
+            raise _bad(path, f"endpoints[{i}].pid must be a positive integer")
+        cmd = e.get("cmd") or []
+        if not isinstance(cmd, list) or not all(isinstance(a, str) for a in cmd):
+            raise _bad(path, f"endpoints[{i}].cmd must be a list of strings")
+        started = e.get("started")
+        if started is not None and not isinstance(started, (int, float)):
+            raise _bad(path, f"endpoints[{i}].started must be a number")
+        port = e.get("port")
+        endpoints.append(
+            Endpoint(
+                url=e["url"].rstrip("/"),
+                gpu=None if e.get("gpu") is None else str(e["gpu"]),
+                pid=pid,
+                log=e.get("log"),
+                host=e.get("host"),
+                cmd=list(cmd),
+                port=port if isinstance(port, int) else None,
+                started=None if started is None else float(started),
+            )
+        )
+    return Fleet(
+        engine=engine,
+        protocol=protocol,
+        model=model,
+        endpoints=endpoints,
+        created_at=str(obj.get("created_at", "")),
+        version=version,
+        path=path,
+    )
+
+
+def read_fleet(path: str | Path) -> Fleet:
+    """Read and validate a fleet file. Raises ``InputError`` when it is missing or malformed."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: fleet file not found (start a fleet with `dqa fleet up`, or pass --fleet FILE)")
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _bad(path, f"invalid JSON ({exc})") from None
+    return parse_fleet(obj, path)

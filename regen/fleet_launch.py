@@ -1,0 +1,589 @@
+"""Launch, wait for and stop a fleet of model servers: one server process per GPU.
+
+``build_commands`` turns a ``LaunchSpec`` into one ``ServerCommand`` per GPU: an argument list
+(never a shell string; user text such as a model path with spaces passes through intact), the
+environment it adds (``CUDA_VISIBLE_DEVICES=i``), its port and its log file. SGLang flags follow
+SGLANG.md; ``--engine transformers`` runs ``transformers serve`` (the CPU stand-in).
+``stage_model`` copies the model folder to a RAM disk once. ``start_servers`` +
+``wait_healthy`` bring the fleet up; ``stop_endpoint`` stops exactly a recorded process after
+checking it still is the one dqa started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from dqa.errors import InputError, RuntimeFailure, UsageError
+
+from .fleet_file import Endpoint, redact
+
+ENGINES = ("sglang", "transformers")
+HEALTH_PATH = {"sglang": "/health_generate", "transformers": "/health"}
+PROTOCOL = {"sglang": "sglang", "transformers": "openai"}
+STAGE_MARKER = ".dqa-stage.json"
+# SGLang MTP: NEXTN (rewritten to EAGLE by SGLang), 3 steps, top-k 1, 4 draft tokens (SGLANG.md).
+MTP_FLAGS = [
+    "--speculative-algorithm", "NEXTN",
+    "--speculative-num-steps", "3",
+    "--speculative-eagle-topk", "1",
+    "--speculative-num-draft-tokens", "4",
+]  # fmt: skip
+MAMBA_EXTRA_BUFFER_FLAGS = ["--mamba-scheduler-strategy", "extra_buffer"]
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+@dataclass
+class LaunchSpec:
+    """What to launch. ``model`` is the path (or hub id) every server loads."""
+
+    model: str
+    gpus: list[str]
+    engine: str = "sglang"
+    host: str = "127.0.0.1"
+    advertise_host: str | None = None
+    port_base: int = 30000
+    context_length: int | None = 8192
+    max_running_requests: int | None = 48
+    reasoning_parser: str | None = "qwen3"
+    enable_metrics: bool = True
+    mtp: bool = False
+    mamba_extra_buffer: str = "auto"  # auto | on | off
+    python: str = field(default_factory=lambda: sys.executable)
+    extra: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    log_dir: Path = Path("fleet-logs")
+
+
+@dataclass
+class ServerCommand:
+    """One server: ``argv`` runs with the current environment plus ``env``; output goes to ``log``."""
+
+    gpu: str
+    port: int
+    url: str
+    host: str
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+
+    def shell_line(self) -> str:
+        """The command as one bash line an operator can paste: env, argv, log redirect, background."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        cmd = shlex.join(self.argv)
+        return f"{env} {cmd} > {shlex.quote(str(self.log))} 2>&1 &".lstrip()
+
+
+def parse_gpus(text: str) -> list[str]:
+    """``"0-6"`` -> ``["0", ..., "6"]``; ``"0,2,5"``; ``"0-3,6"``. A single number is one GPU id.
+
+    Raises ``UsageError`` on a malformed list or a repeated GPU.
+    """
+    out: list[str] = []
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        lo, dash, hi = part.partition("-")
+        try:
+            if dash:
+                a, b = int(lo), int(hi)
+                if a > b or a < 0:
+                    raise ValueError
+                out.extend(str(i) for i in range(a, b + 1))
+            else:
+                if int(part) < 0:
+                    raise ValueError
+                out.append(str(int(part)))
+        except ValueError:
+            raise UsageError(f"--gpus {text!r}: expected GPU ids like 0-6, 0,2,5 or 0-3,6") from None
+    if not out:
+        raise UsageError(f"--gpus {text!r}: no GPU ids")
+    dup = sorted({g for g in out if out.count(g) > 1}, key=int)
+    if dup:
+        raise UsageError(f"--gpus {text!r}: GPU {dup[0]} is listed twice")
+    return out
+
+
+def is_hybrid_mamba(model: str) -> bool:
+    """True when ``model``'s config.json describes a hybrid linear-attention/Mamba model
+    (Qwen3-Next / Qwen3.5 style), which needs SGLang's extra_buffer strategy with MTP."""
+    cfg_path = Path(model) / "config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    configs = [cfg] + [v for v in cfg.values() if isinstance(v, dict)]  # text_config of VL models
+    for c in configs:
+        model_type = str(c.get("model_type", "")).lower()
+        if model_type.startswith(("qwen3_next", "qwen3_5", "qwen3_6")) or "mamba" in model_type or "jamba" in model_type:
+            return True
+        archs = " ".join(map(str, c.get("architectures") or [])).lower()
+        if any(k in archs for k in ("next", "mamba", "jamba", "hybrid", "nemotronh")):
+            return True
+        layer_types = c.get("layer_types") or c.get("layers_block_type") or []
+        if isinstance(layer_types, list) and any(
+            isinstance(t, str) and ("linear" in t or "mamba" in t) for t in layer_types
+        ):
+            return True
+        if "full_attention_interval" in c or "linear_num_value_heads" in c:
+            return True
+    return False
+
+
+def transformers_executable(python: str) -> str:
+    """The ``transformers`` console script next to ``python`` (same environment), else on PATH."""
+    sibling = Path(python).parent / "transformers"
+    if sibling.is_file() and os.access(sibling, os.X_OK):
+        return str(sibling)
+    return shutil.which("transformers") or "transformers"
+
+
+def advertised_host(bind_host: str, advertise: str | None) -> str:
+    """The host name to put in endpoint URLs: ``advertise`` if given, the bind host unless it is a
+    wildcard, else this machine's primary address (no packet is sent), else 127.0.0.1."""
+    if advertise:
+        return advertise
+    if bind_host not in WILDCARD_HOSTS:
+        return bind_host
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("10.255.255.255", 1))
+        return s.getsockname()[0]
+    return "127.0.0.1"
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def server_argv(spec: LaunchSpec, port: int) -> list[str]:
+    """The argument list of one server listening on ``port`` (see SGLANG.md, "Launch")."""
+    if spec.engine == "transformers":
+        return [transformers_executable(spec.python), "serve", spec.model, "--host", spec.host, "--port", str(port)] + list(spec.extra)
+    if spec.engine != "sglang":
+        raise UsageError(f"--engine {spec.engine!r}: expected one of {', '.join(ENGINES)}")
+    argv = [spec.python, "-m", "sglang.launch_server", "--model-path", spec.model, "--host", spec.host, "--port", str(port)]
+    if spec.context_length:
+        argv += ["--context-length", str(spec.context_length)]
+    if spec.max_running_requests:
+        argv += ["--max-running-requests", str(spec.max_running_requests)]
+    if spec.reasoning_parser:
+        argv += ["--reasoning-parser", spec.reasoning_parser]
+    if spec.enable_metrics:
+        argv += ["--enable-metrics"]
+    if spec.mtp:
+        argv += MTP_FLAGS
+        extra_buffer = spec.mamba_extra_buffer == "on" or (
+            spec.mamba_extra_buffer == "auto" and is_hybrid_mamba(spec.model)
+        )
+        if extra_buffer and "--mamba-scheduler-strategy" not in spec.extra:
+            argv += MAMBA_EXTRA_BUFFER_FLAGS
+    return argv + list(spec.extra)
+
+
+def build_commands(spec: LaunchSpec) -> list[ServerCommand]:
+    """One command per GPU: GPU ``gpus[k]`` gets port ``port_base + k`` and log ``gpu<id>.log``.
+
+    Raises ``UsageError`` for an unknown engine, a bad mamba mode or a port past 65535.
+    """
+    if spec.mamba_extra_buffer not in ("auto", "on", "off"):
+        raise UsageError(f"--mamba-extra-buffer {spec.mamba_extra_buffer!r}: expected auto, on or off")
+    if spec.port_base < 1 or spec.port_base + len(spec.gpus) - 1 > 65535:
+        raise UsageError(f"--port-base {spec.port_base}: ports {spec.port_base}..{spec.port_base + len(spec.gpus) - 1} must lie in 1..65535")
+    host = advertised_host(spec.host, spec.advertise_host)
+    out = []
+    for k, gpu in enumerate(spec.gpus):
+        port = spec.port_base + k
+        env = {"CUDA_VISIBLE_DEVICES": gpu, **spec.env}
+        out.append(
+            ServerCommand(
+                gpu=gpu,
+                port=port,
+                url=_url(host, port),
+                host=host,
+                argv=server_argv(spec, port),
+                env=env,
+                log=spec.log_dir / f"gpu{gpu}.log",
+            )
+        )
+    return out
+
+
+def dry_run_script(cmds: Sequence[ServerCommand], engine: str, stage: tuple[Path, Path] | None = None) -> str:
+    """A bash script that does what ``fleet up`` would: optional staging copy, then every server in
+    the background with its log. Every line is shell-quoted, so it runs unchanged."""
+    lines = [f"# dqa fleet up --dry-run: {len(cmds)} {engine} server(s), one per GPU"]
+    if stage is not None:
+        src, dest = stage
+        lines.append(f"mkdir -p {shlex.quote(str(dest))} && cp -a {shlex.quote(str(src))}/. {shlex.quote(str(dest))}/")
+    log_dirs = sorted({str(c.log.parent) for c in cmds})
+    lines.append("mkdir -p " + " ".join(shlex.quote(d) for d in log_dirs))
+    lines.extend(c.shell_line() for c in cmds)
+    health = HEALTH_PATH[engine]
+    lines.append(f"# ready when each answers 200: curl -sf {cmds[0].url}{health}" + (" (and the others)" if len(cmds) > 1 else ""))
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- staging
+
+
+def _manifest(src: Path) -> dict[str, list[int]]:
+    """Relative path -> [size, mtime_ns] of every file under ``src`` (symlinks followed)."""
+    if src.is_file():
+        st = src.stat()
+        return {src.name: [st.st_size, st.st_mtime_ns]}
+    files: dict[str, list[int]] = {}
+    for root, dirs, names in os.walk(src, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".tmp-"))
+        for name in sorted(names):
+            p = Path(root) / name
+            st = p.stat()
+            files[str(p.relative_to(src))] = [st.st_size, st.st_mtime_ns]
+    return files
+
+
+def staged_copy_is_current(src: Path, dest: Path) -> bool:
+    """True when ``dest`` is a complete dqa copy of ``src`` as it is now (same files, sizes, mtimes)."""
+    marker = dest / STAGE_MARKER
+    try:
+        recorded = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    manifest = _manifest(src)
+    if recorded.get("files") != manifest:
+        return False
+    return all((dest / rel).is_file() and (dest / rel).stat().st_size == size for rel, (size, _) in manifest.items())
+
+
+def stage_model(
+    src: str | Path,
+    stage_dir: str | Path,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> tuple[Path, bool]:
+    """Copy the model folder ``src`` into ``stage_dir`` (a RAM disk such as /dev/shm) once.
+
+    Returns ``(copy_path, copied)``; ``copied`` is False when an identical copy was already
+    there. ``on_progress(done_bytes, total_bytes)`` is called while copying. Raises
+    ``InputError`` when ``src`` is missing, when ``stage_dir`` lacks the space, or when the
+    destination exists but is not a dqa copy (it is never deleted then).
+    """
+    src = Path(src).resolve()
+    stage_dir = Path(stage_dir)
+    if not src.exists():
+        raise InputError(f"--model {src}: no such file or folder to stage")
+    dest = stage_dir.resolve() / src.name
+    if dest == src:
+        return dest, False
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    if staged_copy_is_current(src, dest):
+        return dest, False
+    if dest.exists() and not (dest / STAGE_MARKER).is_file():
+        raise InputError(f"--stage {stage_dir}: {dest} exists and is not a dqa copy of {src}; remove it or pick another --stage folder")
+    manifest = _manifest(src)
+    total = sum(size for size, _ in manifest.values())
+    free = shutil.disk_usage(stage_dir).free
+    if free < total + (64 << 20):
+        raise InputError(
+            f"--stage {stage_dir}: needs {total / 2**30:.2f} GiB for {src.name}, only {free / 2**30:.2f} GiB free"
+        )
+    partial = dest.with_name(".tmp-" + dest.name)
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    done = 0
+    chunk = 16 << 20
+    try:
+        for rel in manifest:
+            s = src if src.is_file() else src / rel
+            d = partial / rel
+            d.parent.mkdir(parents=True, exist_ok=True)
+            with open(s, "rb") as fi, open(d, "wb") as fo:
+                while True:
+                    buf = fi.read(chunk)
+                    if not buf:
+                        break
+                    fo.write(buf)
+                    done += len(buf)
+                    if on_progress is not None:
+                        on_progress(done, total)
+            shutil.copystat(s, d)
+        (partial / STAGE_MARKER).write_text(json.dumps({"source": str(src), "files": manifest}), encoding="utf-8")
+    except OSError as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        if exc.errno == errno.ENOSPC:
+            raise RuntimeFailure(f"--stage {stage_dir}: disk full while copying {src.name}") from None
+        raise
+    if dest.exists():  # an older dqa copy of a changed source: replace it
+        shutil.rmtree(dest)
+    partial.rename(dest)
+    return dest, True
+
+
+# ---------------------------------------------------------------- start / wait
+
+
+@dataclass
+class StartedServer:
+    """A server process started by ``start_servers``."""
+
+    command: ServerCommand
+    process: subprocess.Popen
+    started: float
+
+    def endpoint(self) -> Endpoint:
+        """The fleet-file record of this server."""
+        return Endpoint(
+            url=self.command.url,
+            gpu=self.command.gpu,
+            pid=self.process.pid,
+            log=str(self.command.log.resolve()),
+            host=self.command.host,
+            cmd=list(self.command.argv),
+            port=self.command.port,
+            started=self.started,
+        )
+
+
+class ServerFailed(RuntimeFailure):
+    """A server exited or did not become healthy in time; ``gpu`` and ``log`` say which."""
+
+    def __init__(self, message: str, gpu: str, log: Path):
+        super().__init__(message)
+        self.gpu = gpu
+        self.log = log
+
+
+def check_ports_free(cmds: Sequence[ServerCommand], bind_host: str) -> None:
+    """Raise ``InputError`` naming the first port (and its GPU) that something already listens on."""
+    for c in cmds:
+        family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((bind_host, c.port))
+            except OSError as exc:
+                raise InputError(
+                    f"port {c.port} for GPU {c.gpu} on {bind_host or '*'} is not free ({exc.strerror}); choose another --port-base"
+                ) from None
+
+
+def start_servers(cmds: Sequence[ServerCommand]) -> list[StartedServer]:
+    """Start every command in its own session (so Ctrl-C on dqa does not stop the fleet), output
+    appended to its log. Returns the started servers. Raises ``RuntimeFailure`` when an
+    executable is missing (servers already started are stopped first)."""
+    import psutil
+
+    started: list[StartedServer] = []
+    for c in cmds:
+        c.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(c.log, "ab") as log:
+            log.write(f"\n=== dqa fleet up: GPU {c.gpu}: {shlex.join(redact(c.argv))}\n".encode())
+            log.flush()
+            try:
+                proc = subprocess.Popen(
+                    c.argv,
+                    env={**os.environ, **c.env},
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            except OSError as exc:
+                stop_started(started, grace=5.0)
+                raise RuntimeFailure(f"GPU {c.gpu}: cannot start {c.argv[0]!r}: {exc.strerror or exc}") from None
+        try:
+            t0 = psutil.Process(proc.pid).create_time()
+        except psutil.Error:
+            t0 = time.time()
+        started.append(StartedServer(command=c, process=proc, started=t0))
+    return started
+
+
+def log_tail(path: Path | None, lines: int = 20, max_bytes: int = 64 << 10) -> list[str]:
+    """The last ``lines`` lines of a (possibly huge) log file; [] when it cannot be read."""
+    if path is None:
+        return []
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read()
+    except OSError:
+        return []
+    text = data.decode("utf-8", errors="replace").replace("\r", "\n")
+    return [ln for ln in text.split("\n") if ln.strip()][-lines:]
+
+
+def probe_health(url: str, path: str, timeout: float = 10.0) -> bool:
+    """True when ``GET url+path`` answers 200 within ``timeout`` seconds."""
+    import httpx
+
+    try:
+        r = httpx.get(url + path, timeout=timeout)
+    except httpx.HTTPError:
+        return False
+    return r.status_code == 200
+
+
+def wait_healthy(
+    servers: Sequence[StartedServer],
+    engine: str,
+    timeout: float,
+    poll_s: float = 1.0,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> None:
+    """Poll every server's health URL until all answer 200.
+
+    Raises ``ServerFailed`` for the first server whose process exits, or, at ``timeout``, for
+    the first one still not healthy. ``on_progress(healthy, total)`` reports progress.
+    """
+    path = HEALTH_PATH[engine]
+    pending = {s.command.gpu: s for s in servers}
+    deadline = time.monotonic() + timeout
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(servers)))) as pool:
+        while pending:
+            for gpu, s in list(pending.items()):
+                rc = s.process.poll()
+                if rc is not None:
+                    raise ServerFailed(
+                        f"server on GPU {gpu} (port {s.command.port}) exited with code {rc} before it became healthy; log: {s.command.log}",
+                        gpu,
+                        s.command.log,
+                    )
+            left = deadline - time.monotonic()
+            if left <= 0:
+                gpu, s = next(iter(pending.items()))
+                others = f" (also not healthy: GPU {', '.join(list(pending)[1:])})" if len(pending) > 1 else ""
+                raise ServerFailed(
+                    f"server on GPU {gpu} ({s.command.url}{path}) not healthy after {timeout:.0f} s{others}; log: {s.command.log}",
+                    gpu,
+                    s.command.log,
+                )
+            probe_timeout = max(1.0, min(10.0, left))
+            results = dict(
+                zip(pending, pool.map(lambda s: probe_health(s.command.url, path, probe_timeout), pending.values()))
+            )
+            for gpu, ok in results.items():
+                if ok:
+                    pending.pop(gpu)
+            if on_progress is not None:
+                on_progress(len(servers) - len(pending), len(servers))
+            if pending:
+                time.sleep(poll_s)
+
+
+def stop_started(servers: Sequence[StartedServer], grace: float = 20.0) -> None:
+    """Stop servers this process started (after a failed start): SIGTERM, then SIGKILL after ``grace``."""
+    for s in servers:
+        stop_endpoint(s.endpoint(), grace=grace)
+        with contextlib.suppress(Exception):
+            s.process.wait(timeout=1)
+
+
+# ---------------------------------------------------------------- stop
+
+
+def _cmdline_matches(live: list[str], recorded: list[str]) -> bool:
+    """True when the live command line ends with the recorded arguments. A shebang script's
+    interpreter is prepended by the kernel, so only the recorded argv[1:] and the script's
+    base name are compared."""
+    if not recorded:
+        return False
+    live_r, rec = redact(live), redact(recorded)
+    tail = rec[1:]
+    if len(live_r) < len(tail) + 1 or (tail and live_r[-len(tail):] != tail):
+        return False
+    head = live_r[: len(live_r) - len(tail)]
+    return any(Path(h).name == Path(rec[0]).name for h in head)
+
+
+def _gone(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+
+
+def verify_process(ep: Endpoint):
+    """The live ``psutil.Process`` for ``ep`` when it still is the process dqa started, else None.
+
+    Returns ``(process_or_None, reason)``; reason is ``running``, ``not running`` or why the pid
+    is not ours (a reused pid is never signalled).
+    """
+    import psutil
+
+    if ep.pid is None:
+        return None, "no pid recorded"
+    try:
+        proc = psutil.Process(ep.pid)
+        if _gone(proc):
+            return None, "not running"
+        create_time = proc.create_time()
+        cmdline = proc.cmdline()
+    except psutil.NoSuchProcess:
+        return None, "not running"
+    except psutil.AccessDenied:
+        return None, f"pid {ep.pid}: access denied"
+    if ep.started is None and not ep.cmd:
+        return None, f"pid {ep.pid}: nothing recorded to verify it"
+    # The start time is the identity check (a server may retitle itself, e.g. setproctitle);
+    # the command line is the fallback for records without one.
+    if ep.started is not None:
+        if abs(create_time - ep.started) > 1.0:
+            return None, f"pid {ep.pid} is another process now (started at a different time)"
+    elif not _cmdline_matches(cmdline, ep.cmd):
+        return None, f"pid {ep.pid} is another process now (different command line)"
+    return proc, "running"
+
+
+def stop_endpoint(ep: Endpoint, grace: float = 20.0) -> str:
+    """Stop the process recorded for ``ep`` and its child processes: SIGTERM, then SIGKILL for
+    whatever is left after ``grace`` seconds. Returns ``stopped``, ``killed``, ``not running`` or
+    ``skipped: <why>`` (the pid is not verifiably ours, so nothing is signalled)."""
+    import psutil
+
+    proc, reason = verify_process(ep)
+    if proc is None:
+        return reason if reason == "not running" else f"skipped: {reason}"
+    try:
+        family = [proc] + proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return "not running"
+    for p in family:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if all(_gone(p) for p in family):
+            return "stopped"
+        time.sleep(0.2)
+    for p in family:
+        if not _gone(p):
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and not all(_gone(p) for p in family):
+        time.sleep(0.1)
+    return "killed"
+
+
+def endpoint_alive(ep: Endpoint) -> bool:
+    """True when the recorded process of ``ep`` is still running and still ours."""
+    return verify_process(ep)[0] is not None
