@@ -1,0 +1,222 @@
+"""The SGLang-contract stub server honours shared/SGLANG.md, so the regen tests built on it
+test dqa against SGLang's real contract and not against a drifting stand-in."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from servers.sglang_contract import END_THINK, IM_END, NL2, THINK, WORDS, StubServer, plan_reply
+
+PROMPT = [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]  # <|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n
+
+DECODE_LINE = re.compile(
+    r"Decode batch, #running-req: (\d+), #token: (\d+), token usage: ([\d.]+), accept len: ([\d.]+), "
+    r"accept rate: ([\d.]+), cuda graph: (True|False), gen throughput \(token/s\): ([\d.]+), #queue-req: (\d+)"
+)
+SGLANG_METRICS = [
+    "sglang:gen_throughput", "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
+    "sglang:prompt_tokens_total", "sglang:generation_tokens_total", "sglang:cached_tokens_total",
+    "sglang:num_requests_total", "sglang:num_aborted_requests_total", "sglang:spec_accept_length",
+    "sglang:spec_accept_rate", "sglang:time_to_first_token_seconds", "sglang:e2e_request_latency_seconds",
+]
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory):
+    server = StubServer(tmp_path_factory.mktemp("stub"), "--enable-metrics", "--log-interval-s", "0.2").start()
+    yield server
+    server.stop()
+
+
+def generate(url: str, ids=PROMPT, timeout: float = 5.0, **body):
+    return httpx.post(url + "/generate", json={"input_ids": ids, **body}, timeout=timeout)
+
+
+def samples(metrics_text: str) -> dict[str, float]:
+    """Prometheus exposition -> {sample name: value} (label sets summed), parsed by prometheus_client."""
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(metrics_text):
+        for s in fam.samples:
+            if "le" not in s.labels:
+                out[s.name] = out.get(s.name, 0.0) + s.value
+    return out
+
+
+def test_stub_reply_ids_are_real_qwen3_tokens(qwen_tokenizer):
+    for tid, text in WORDS:
+        assert qwen_tokenizer.decode([tid]) == text
+    assert qwen_tokenizer.convert_ids_to_tokens([THINK, END_THINK, IM_END, NL2]) == ["<think>", "</think>", "<|im_end|>", "ĊĊ"]
+
+
+def test_generate_replies_a_closed_thinking_turn_with_sglang_fields(stub, qwen_tokenizer):
+    r = generate(stub.url, rid="row-7:0", sampling_params={"max_new_tokens": 512, "sampling_seed": 11, "temperature": 0.6})
+    assert r.status_code == 200
+    body = r.json()
+    out = body["output_ids"]
+    assert out[:2] == [THINK, 198] and out[-1] == IM_END and END_THINK in out
+    assert out[out.index(END_THINK) + 1] == NL2
+    meta = body["meta_info"]
+    assert meta["id"] == "row-7:0"
+    assert meta["finish_reason"] == {"type": "stop", "matched": IM_END}
+    assert meta["prompt_tokens"] == len(PROMPT) and meta["completion_tokens"] == len(out)
+    assert {"cached_tokens", "e2e_latency", "spec_verify_ct", "spec_accept_length"} <= meta.keys()
+    # text is the real tokenizer's decoding, the stop token trimmed
+    assert body["text"] == qwen_tokenizer.decode(out[:-1], skip_special_tokens=True)
+    assert body["text"].startswith("<think>\n") and "</think>\n\n" in body["text"]
+
+
+def test_output_is_deterministic_in_prompt_and_seed(stub):
+    def ids(seed, prompt=PROMPT):
+        return generate(stub.url, prompt, sampling_params={"max_new_tokens": 512, "sampling_seed": seed}).json()["output_ids"]
+
+    assert ids(1) == ids(1) == plan_reply(PROMPT, 1)
+    assert ids(1) != ids(2)
+    assert ids(1) != ids(1, PROMPT[:-1] + [271, 198])
+
+
+def test_short_max_new_tokens_is_finish_reason_length(stub):
+    body = generate(stub.url, sampling_params={"max_new_tokens": 5, "sampling_seed": 3}).json()
+    assert body["output_ids"] == plan_reply(PROMPT, 3)[:5]
+    assert body["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
+    assert body["meta_info"]["completion_tokens"] == 5
+
+
+def test_stop_token_ids_end_the_reply_at_the_matched_token(stub):
+    body = generate(stub.url, sampling_params={"max_new_tokens": 512, "stop_token_ids": [END_THINK]}).json()
+    assert body["output_ids"][-1] == END_THINK
+    assert body["meta_info"]["finish_reason"] == {"type": "stop", "matched": END_THINK}
+
+
+def test_bad_requests_are_400_with_an_error_message(stub):
+    for body in ({}, {"input_ids": [1, 2], "text": "x"}, {"input_ids": [-1]},
+                 {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 9000}}):
+        r = httpx.post(stub.url + "/generate", json=body, timeout=5)
+        assert r.status_code == 400, body
+        assert isinstance(r.json()["error"]["message"], str)
+
+
+def test_duplicate_in_flight_rid_is_rejected_and_freed_after(tmp_path):
+    with StubServer(tmp_path, "--latency-s", "0.5") as s, httpx.Client(timeout=5) as c:
+        import threading
+
+        first: list[httpx.Response] = []
+        t = threading.Thread(target=lambda: first.append(c.post(s.url + "/generate", json={"input_ids": PROMPT, "rid": "dup"})))
+        t.start()
+        time.sleep(0.2)
+        r = c.post(s.url + "/generate", json={"input_ids": PROMPT, "rid": "dup"})
+        t.join()
+        assert r.status_code == 400 and "Duplicate request ID" in r.json()["error"]["message"]
+        assert first[0].status_code == 200
+        assert c.post(s.url + "/generate", json={"input_ids": PROMPT, "rid": "dup"}).status_code == 200
+
+
+def test_health_generate_is_503_while_starting_then_200(tmp_path):
+    with StubServer(tmp_path, "--startup-delay-s", "0.8") as s:
+        assert httpx.get(s.url + "/health_generate").status_code == 503
+        assert httpx.get(s.url + "/health").status_code == 200
+        time.sleep(1.0)
+        assert httpx.get(s.url + "/health_generate").status_code == 200
+
+
+def test_info_endpoints_report_version_and_model(stub):
+    for path in ("/server_info", "/get_server_info"):
+        assert httpx.get(stub.url + path).json()["version"] == "0.5.11"
+    for path in ("/model_info", "/get_model_info"):
+        assert httpx.get(stub.url + path).json()["model_path"] == "Qwen/Qwen3-8B"
+    models = httpx.get(stub.url + "/v1/models").json()["data"]
+    assert models[0]["id"] == "Qwen/Qwen3-8B" and models[0]["max_model_len"] == 8192
+
+
+def test_metrics_use_sglang_names_and_counters_move_with_requests(stub):
+    before = samples(httpx.get(stub.url + "/metrics").text)
+    for name in SGLANG_METRICS:
+        assert any(k == name or k.startswith(name + "_") for k in before), name
+    out = generate(stub.url, sampling_params={"max_new_tokens": 7}).json()
+    after = samples(httpx.get(stub.url + "/metrics").text)
+    assert after["sglang:num_requests_total"] == before["sglang:num_requests_total"] + 1
+    assert after["sglang:generation_tokens_total"] == before["sglang:generation_tokens_total"] + 7
+    assert after["sglang:prompt_tokens_total"] == before["sglang:prompt_tokens_total"] + len(PROMPT)
+    assert after["sglang:cached_tokens_total"] >= before["sglang:cached_tokens_total"] + out["meta_info"]["cached_tokens"]
+    assert after["sglang:e2e_request_latency_seconds_count"] == before["sglang:e2e_request_latency_seconds_count"] + 1
+
+
+def test_metrics_are_off_without_enable_metrics(tmp_path):
+    with StubServer(tmp_path) as s:
+        assert httpx.get(s.url + "/metrics").status_code == 404
+
+
+def test_decode_log_lines_follow_the_documented_format(tmp_path):
+    with StubServer(tmp_path, "--log-interval-s", "0.1", "--per-token-s", "0.01") as s:
+        generate(s.url, sampling_params={"max_new_tokens": 20})
+        time.sleep(0.25)
+        lines = [ln for ln in s.log_path.read_text().splitlines() if "Decode batch" in ln]
+    assert lines and all(DECODE_LINE.search(ln) for ln in lines)
+    assert any(float(DECODE_LINE.search(ln).group(7)) > 0 for ln in lines)
+
+
+def test_chat_completions_keep_thinking_in_content_without_parser(stub):
+    r = httpx.post(stub.url + "/v1/chat/completions", timeout=5, json={
+        "model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 512,
+        "chat_template_kwargs": {"enable_thinking": True}})
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["matched_stop"] == IM_END
+    assert choice["message"]["content"].startswith("<think>") and "</think>" in choice["message"]["content"]
+    assert r.json()["usage"]["completion_tokens"] > 0
+
+
+def test_api_key_is_required_when_set(tmp_path):
+    with StubServer(tmp_path, "--api-key", "sk-secret") as s:
+        assert generate(s.url).status_code == 401
+        ok = httpx.post(s.url + "/generate", json={"input_ids": PROMPT}, headers={"Authorization": "Bearer sk-secret"})
+        assert ok.status_code == 200
+    assert "sk-secret" not in s.log_path.read_text()
+
+
+def test_faults_switch_at_run_time(stub):
+    try:
+        stub.control(error_share=1.0, error_statuses=[503])
+        r = generate(stub.url)
+        assert r.status_code == 503 and r.json()["code"] == 503
+        stub.control(error_share=0.0, abort_share=1.0)
+        fr = generate(stub.url).json()["meta_info"]["finish_reason"]
+        assert fr["type"] == "abort" and {"message", "status_code"} <= fr.keys()
+        stub.control(abort_share=0.0, malformed_share=1.0)
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(generate(stub.url).text)
+        stub.control(malformed_share=0.0, error_chunk_share=1.0)
+        r = generate(stub.url, stream=True)
+        assert r.status_code == 200 and r.text.startswith('data: {"error"') and r.text.endswith("data: [DONE]\n\n")
+        stub.control(error_chunk_share=0.0, drop_share=1.0)
+        with pytest.raises(httpx.RemoteProtocolError):
+            generate(stub.url)
+        stub.control(drop_share=0.0, stall_share=1.0)
+        with pytest.raises(httpx.ReadTimeout):
+            generate(stub.url, timeout=0.3, rid="stalled")
+        assert httpx.get(stub.url + "/health_generate", timeout=5).status_code == 503
+        stub.control(stall_share=0.0, error_for_s=0.3)
+        assert generate(stub.url).status_code in (500, 503, 429)
+        time.sleep(0.35)
+        # the stalled request was aborted when its client left: its rid is free again
+        assert generate(stub.url, rid="stalled").status_code == 200
+    finally:
+        stub.control(error_share=0, abort_share=0, malformed_share=0, error_chunk_share=0, drop_share=0, stall_share=0)
+
+
+def test_die_after_n_requests_ends_the_process_and_restart_reuses_the_port(tmp_path):
+    s = StubServer(tmp_path, "--die-after", "2").start()
+    try:
+        assert generate(s.url).status_code == 200 and generate(s.url).status_code == 200
+        with pytest.raises(httpx.TransportError):
+            generate(s.url)
+        assert s.proc.wait(5) != 0
+        port = s.port
+        s.restart()
+        assert s.port == port and generate(s.url).status_code == 200  # the flags come back too: die_after 2
+    finally:
+        s.stop()
