@@ -1,0 +1,232 @@
+"""Specification of what `dqa scan` reads, and of how it refuses what it cannot read.
+
+Every supported format gives the same findings. Every kind of bad input exits 2 with one
+line on stderr naming the file, column or row, and leaves no output folder behind.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from chatdata import conversation, render, to_labels
+from test_scan_checks import good_rows
+
+OK_ROWS = 12
+
+
+@pytest.fixture(scope="module")
+def rows():
+    """30 good samples and 12 'OK.' samples (flagged degenerate_template)."""
+    ok = [render(conversation(f"Ask {i}", None, "OK."), enable_thinking=False) for i in range(OK_ROWS)]
+    return good_rows(30) + ok
+
+
+def table_of(rows, mask_type=pa.int8(), ids_type=pa.int32()):
+    return pa.table(
+        {
+            "id": [f"r{i}" for i in range(len(rows))],
+            "input_ids": pa.array([r[0] for r in rows], type=pa.list_(ids_type)),
+            "loss_mask": pa.array([r[1] for r in rows], type=pa.list_(pa.int8())).cast(pa.list_(mask_type)),
+        }
+    )
+
+
+def expect_findings(cli, path, tmp_path, *extra):
+    out = tmp_path / "scan-out"
+    result = cli("scan", path, "--out", out, "--json", *extra)
+    assert result.exit_code == 1, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["failing_rows"] == OK_ROWS
+    assert summary["checks"]["degenerate_template"]["count"] == OK_ROWS
+    return summary
+
+
+def test_parquet_file(cli, rows, tmp_path):
+    pq.write_table(table_of(rows), tmp_path / "d.parquet")
+    assert expect_findings(cli, tmp_path / "d.parquet", tmp_path)["format"] == "parquet"
+
+
+def test_folder_of_parquet_shards_keeps_dataset_order(cli, rows, tmp_path):
+    t = table_of(rows)
+    (tmp_path / "shards").mkdir()
+    pq.write_table(t.slice(0, 20), tmp_path / "shards" / "part-00000.parquet")
+    pq.write_table(t.slice(20), tmp_path / "shards" / "part-00001.parquet")
+    expect_findings(cli, tmp_path / "shards", tmp_path)
+    import polars as pl
+
+    findings = pl.read_parquet(tmp_path / "scan-out" / "findings.parquet")
+    assert findings["row"].to_list() == list(range(30, 42))
+    assert findings["id"].to_list() == [f"r{i}" for i in range(30, 42)]
+
+
+def test_hf_save_to_disk_folder(cli, rows, tmp_path):
+    import datasets
+
+    ds = datasets.Dataset.from_dict({"input_ids": [r[0] for r in rows], "labels": [to_labels(*r) for r in rows]})
+    ds.save_to_disk(str(tmp_path / "hf"))
+    summary = expect_findings(cli, tmp_path / "hf", tmp_path)
+    assert (summary["format"], summary["convention"]) == ("hf", "labels")
+
+
+def test_arrow_ipc_file_and_stream(cli, rows, tmp_path):
+    t = table_of(rows, mask_type=pa.bool_(), ids_type=pa.int64())
+    with pa.OSFile(str(tmp_path / "d.arrow"), "wb") as sink, pa.ipc.new_file(sink, t.schema) as w:
+        w.write_table(t)
+    expect_findings(cli, tmp_path / "d.arrow", tmp_path)
+    with pa.OSFile(str(tmp_path / "s.arrow"), "wb") as sink, pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t, max_chunksize=7)
+    assert expect_findings(cli, tmp_path / "s.arrow", tmp_path)["format"] == "arrow-stream"
+
+
+def test_jsonl(cli, rows, tmp_path):
+    with open(tmp_path / "d.jsonl", "w") as fh:
+        for i, (ids, mask) in enumerate(rows):
+            fh.write(json.dumps({"id": i, "input_ids": ids, "loss_mask": mask}) + "\n")
+    expect_findings(cli, tmp_path / "d.jsonl", tmp_path)
+
+
+def test_custom_column_names(cli, rows, tmp_path):
+    t = table_of(rows).rename_columns(["uid", "tokens", "weights"])
+    pq.write_table(t, tmp_path / "c.parquet")
+    expect_findings(cli, tmp_path / "c.parquet", tmp_path, "--ids-column", "tokens", "--mask-column", "weights", "--id-column", "uid")
+
+
+def test_max_fail_share_decides_the_exit_code(cli, rows, tmp_path):
+    pq.write_table(table_of(rows), tmp_path / "d.parquet")
+    assert cli("scan", tmp_path / "d.parquet", "--out", tmp_path / "o", "--quiet", "--max-fail-share", "0.5").exit_code == 0
+    assert cli("scan", tmp_path / "d.parquet", "--out", tmp_path / "o", "--quiet", "--max-fail-share", "0.1").exit_code == 1
+
+
+def test_outputs_are_written(cli, rows, tmp_path):
+    pq.write_table(table_of(rows), tmp_path / "d.parquet")
+    out = tmp_path / "o"
+    result = cli("scan", tmp_path / "d.parquet", "--out", out)
+    assert "degenerate_template" in result.stdout and '"<think>\\n\\n</think>\\n\\nOK.<|im_end|>"' in result.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["findings.parquet", "metrics.parquet", "summary.json", "summary.md"]
+    assert "| `degenerate_template` | 12 |" in (out / "summary.md").read_text()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+# --- bad input: exit 2, one line naming the problem, no output ---------------------------
+
+
+def _bad(cli, tmp_path, path, *needles, extra=()):
+    out = tmp_path / "bad-out"
+    result = cli("scan", path, "--out", out, *extra)
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dqa: error: "), result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+    return lines[0]
+
+
+def test_missing_path(cli, tmp_path):
+    _bad(cli, tmp_path, tmp_path / "nope.parquet", "nope.parquet", "no such file")
+
+
+def test_unknown_format(cli, tmp_path):
+    (tmp_path / "d.csv").write_text("a,b\n")
+    _bad(cli, tmp_path, tmp_path / "d.csv", "d.csv", "unknown format")
+
+
+def test_no_supervision_column(cli, rows, tmp_path):
+    pq.write_table(table_of(rows).drop(["loss_mask"]), tmp_path / "d.parquet")
+    _bad(cli, tmp_path, tmp_path / "d.parquet", "d.parquet", "loss_mask", "labels")
+
+
+def test_wrong_column_type(cli, tmp_path):
+    pq.write_table(pa.table({"input_ids": ["a b c"], "loss_mask": [[0, 1]]}), tmp_path / "d.parquet")
+    _bad(cli, tmp_path, tmp_path / "d.parquet", "'input_ids'", "list of integer")
+
+
+def test_null_inside_a_list_names_the_row(cli, rows, tmp_path):
+    ids = [r[0] for r in rows]
+    ids[5] = ids[5][:3] + [None] + ids[5][4:]
+    t = table_of(rows).set_column(1, "input_ids", pa.array(ids, type=pa.list_(pa.int32())))
+    pq.write_table(t, tmp_path / "d.parquet")
+    _bad(cli, tmp_path, tmp_path / "d.parquet", "'input_ids'", "row 5", "null")
+
+
+def test_null_list_names_the_row(cli, rows, tmp_path):
+    masks = [r[1] for r in rows]
+    masks[7] = None
+    t = table_of(rows).set_column(2, "loss_mask", pa.array(masks, type=pa.list_(pa.int8())))
+    pq.write_table(t, tmp_path / "d.parquet")
+    _bad(cli, tmp_path, tmp_path / "d.parquet", "'loss_mask'", "row 7")
+
+
+def test_mask_values_must_be_zero_or_one(cli, rows, tmp_path):
+    masks = [list(r[1]) for r in rows]
+    masks[3][2] = 2
+    t = table_of(rows).set_column(2, "loss_mask", pa.array(masks, type=pa.list_(pa.int8())))
+    pq.write_table(t, tmp_path / "d.parquet")
+    _bad(cli, tmp_path, tmp_path / "d.parquet", "row 3", "expected 0 or 1")
+
+
+def test_negative_and_out_of_vocabulary_ids(cli, rows, tmp_path):
+    ids = [list(r[0]) for r in rows]
+    ids[4][1] = -7
+    pq.write_table(table_of(rows).set_column(1, "input_ids", pa.array(ids, type=pa.list_(pa.int32()))), tmp_path / "n.parquet")
+    _bad(cli, tmp_path, tmp_path / "n.parquet", "row 4", "negative")
+    ids[4][1] = 10
+    ids[9][0] = 200_000
+    pq.write_table(table_of(rows).set_column(1, "input_ids", pa.array(ids, type=pa.list_(pa.int32()))), tmp_path / "v.parquet")
+    _bad(cli, tmp_path, tmp_path / "v.parquet", "row 9", "vocabulary")
+
+
+def test_empty_dataset(cli, rows, tmp_path):
+    pq.write_table(table_of(rows).slice(0, 0), tmp_path / "d.parquet")
+    _bad(cli, tmp_path, tmp_path / "d.parquet", "no rows")
+    (tmp_path / "e.jsonl").write_text("")
+    _bad(cli, tmp_path, tmp_path / "e.jsonl", "e.jsonl")
+
+
+def test_truncated_parquet(cli, rows, tmp_path):
+    pq.write_table(table_of(rows), tmp_path / "d.parquet")
+    data = (tmp_path / "d.parquet").read_bytes()
+    (tmp_path / "t.parquet").write_bytes(data[: len(data) // 2])
+    _bad(cli, tmp_path, tmp_path / "t.parquet", "t.parquet", "unreadable")
+
+
+def test_jsonl_bad_line_is_named(cli, rows, tmp_path):
+    lines = [json.dumps({"input_ids": ids, "loss_mask": m}) for ids, m in rows[:5]]
+    lines.insert(3, '{"input_ids": [1, 2, 3], "loss_mask": [0, 1')
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    _bad(cli, tmp_path, tmp_path / "d.jsonl", "d.jsonl", "line 4")
+
+
+def test_mixed_conventions_across_shards(cli, rows, tmp_path):
+    (tmp_path / "mix").mkdir()
+    pq.write_table(table_of(rows[:10]), tmp_path / "mix" / "a.parquet")
+    pq.write_table(
+        pa.table({"input_ids": [r[0] for r in rows[10:]], "labels": [to_labels(*r) for r in rows[10:]]}), tmp_path / "mix" / "b.parquet"
+    )
+    _bad(cli, tmp_path, tmp_path / "mix", "b.parquet", "mix conventions")
+
+
+def test_bad_options(cli, rows, tmp_path):
+    pq.write_table(table_of(rows), tmp_path / "d.parquet")
+    _bad(cli, tmp_path, tmp_path / "d.parquet", "unknown check", extra=("--checks", "no_such_check"))
+    _bad(cli, tmp_path, tmp_path / "d.parquet", "--set", extra=("--set", "short_response=3"))
+    _bad(cli, tmp_path, tmp_path / "d.parquet", "no parameter", extra=("--set", "short_response.nope=3"))
+    _bad(cli, tmp_path, tmp_path / "d.parquet", "tokenizer", extra=("--tokenizer", str(tmp_path)))
+    (tmp_path / "c.toml").write_text("[checks.short_response\n")
+    _bad(cli, tmp_path, tmp_path / "d.parquet", "c.toml", "TOML", extra=("--config", str(tmp_path / "c.toml")))
+
+
+def test_config_file_overrides_thresholds(cli, rows, tmp_path):
+    pq.write_table(table_of(rows), tmp_path / "d.parquet")
+    (tmp_path / "c.toml").write_text("[checks.degenerate_template]\nmin_rows = 100\nmin_share = 0.5\n")
+    result = cli("scan", tmp_path / "d.parquet", "--out", tmp_path / "o", "--json", "--config", tmp_path / "c.toml")
+    summary = json.loads(result.stdout)
+    assert summary["checks"]["degenerate_template"]["count"] == 0
+    # Below the raised degenerate threshold, the 12 identical answers to different prompts are duplicates.
+    assert summary["checks"]["duplicate_response"]["count"] == OK_ROWS
