@@ -1,0 +1,123 @@
+"""``dqa merge``: put regenerated samples back into the dataset, in the dataset's own format."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from dqa.commands.common import handles_errors, stderr_is_tty
+
+
+def merge(
+    dataset: Path = typer.Argument(
+        ..., help="The dataset dqa regen read: parquet file or folder, HF save_to_disk folder, Arrow IPC file, or JSONL.",
+        show_default=False,
+    ),
+    regen: List[Path] = typer.Option(
+        ..., "--regen", "-r", help="The --out folder of dqa regen (repeatable: one per --shard i/N driver).", show_default=False
+    ),
+    out: Path = typer.Option(..., "--out", "-o", help="The new dataset: a file or folder of the input's format.", show_default=False),
+    failed: str = typer.Option(
+        "keep", "--failed", help="Rows that could not be regenerated: keep the original, or drop the row."
+    ),
+    force: bool = typer.Option(False, "--force", help="Replace --out if it exists (never the input)."),
+    check_prompts: bool = typer.Option(
+        True, "--check-prompts/--no-check-prompts",
+        help="Refuse shards whose prompt tokens are not the dataset row's first prompt_len tokens.",
+    ),
+    batch_rows: int = typer.Option(2048, help="Rows per streamed batch (memory is bounded by the batch)."),
+    ids_column: Optional[str] = typer.Option(None, help="Token ids column. [default: input_ids]"),
+    mask_column: Optional[str] = typer.Option(None, help="0/1 loss mask column. [default: loss_mask, if present]"),
+    labels_column: Optional[str] = typer.Option(None, help="Labels column (-100 = unsupervised). [default: labels]"),
+    id_column: Optional[str] = typer.Option(None, help="Sample id column. [default: id, if present]"),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line, no progress bar."),
+) -> None:
+    """Merge regenerated samples into a new copy of the dataset.
+
+    Writes NEW in the input's format and file layout (parquet file or shard folder with the
+    same file names, Arrow IPC file or stream, JSONL, HF save_to_disk folder). Each row that
+    dqa regen completed (shard status ok, or length: truncated but kept, and flagged by the
+    next scan) replaces its original: input_ids = prompt + output; loss_mask (same value
+    type as the input) 0 over the prompt and 1 over the output, or labels = the id where
+    the mask is 1 and -100 elsewhere; attention_mask, if present, all ones. Other columns
+    stay. A `dqa_regen` column records endpoint, model, finish_reason, status, sampling and
+    completed_at (null for untouched rows; JSON text in JSONL, `null` for untouched rows).
+    Row order is kept.
+
+    Rows that could not be regenerated (status failed, or selected in the run but absent
+    from its shards) keep their original row (--failed keep) or are dropped (--failed drop);
+    either way they are listed with row, id and reason in NEW.merge-report.json, written
+    beside NEW. NEW appears only when complete (built under a temporary name, then renamed).
+
+    Example:  dqa merge data/train.parquet --regen regen-out/ --out data/train.v2.parquet
+
+    Exit codes: 0 merged; 2 bad input (missing regen folder, unreadable or truncated
+    shard, shard rows beyond the dataset or of another dataset, NEW exists without --force,
+    NEW is the input); 3 a row appears twice in the shards.
+    """
+    raise typer.Exit(_run(dataset, regen, out, failed, force, check_prompts, batch_rows, ids_column, mask_column,
+                          labels_column, id_column, as_json, quiet))
+
+
+@handles_errors
+def _run(dataset, regen, out, failed, force, check_prompts, batch_rows, ids_column, mask_column, labels_column,
+         id_column, as_json, quiet) -> int:
+    from dqa.errors import UsageError
+    from dqa.regen.merge import merge as run_merge
+
+    if failed not in ("keep", "drop"):
+        raise UsageError(f"--failed {failed}: expected keep or drop")
+    if batch_rows < 1:
+        raise UsageError(f"--batch-rows {batch_rows}: expected a positive number")
+    progress = None
+    task = None
+    on_start = on_batch = None
+    if stderr_is_tty() and not quiet:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from dqa.commands.common import console
+
+        progress = Progress(TextColumn("merging"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=console(stderr=True), transient=True)
+
+        def on_start(total):  # noqa: ANN001
+            nonlocal task
+            task = progress.add_task("merge", total=total)
+
+        def on_batch(rows):  # noqa: ANN001
+            progress.advance(task, rows)
+
+    try:
+        if progress is not None:
+            progress.start()
+        summary = run_merge(
+            dataset, regen, out, failed=failed, force=force, batch_rows=batch_rows, check_prompts=check_prompts,
+            ids_column=ids_column, mask_column=mask_column, labels_column=labels_column, id_column=id_column,
+            on_batch=on_batch, on_start=on_start,
+        )
+    finally:
+        if progress is not None:
+            progress.stop()
+    if not quiet:
+        how = "kept as they were" if failed == "keep" else "dropped"
+        trunc = f" ({summary.truncated:,} truncated: status length)" if summary.truncated else ""
+        print(
+            f"dqa merge: {summary.rows_in:,} rows in, {summary.replaced:,} replaced{trunc}, "
+            f"{summary.unregenerated:,} could not be regenerated ({how}: {summary.kept:,} kept, "
+            f"{summary.dropped:,} dropped), {summary.rows_out:,} rows out -> {summary.output} "
+            f"(report: {summary.report}) in {summary.elapsed_s:.1f}s",
+            file=sys.stderr,
+        )
+    if as_json:
+        sys.stdout.write(json.dumps(summary.as_dict()) + "\n")
+    return 0
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``dqa merge`` to ``app``."""
+    app.command("merge")(merge)
