@@ -122,6 +122,7 @@ _TEXT_OF = {tid: s for tid, s in WORDS}
 _TEXT_OF.update({THINK: "<think>", END_THINK: "</think>", NL: "\n", NL2: "\n\n", IM_END: "<|im_end|>"})
 _TEXT_OF.update({_OKAY[0]: _OKAY[1], _COMMA[0]: _COMMA[1], _PERIOD[0]: _PERIOD[1]})
 _TEXT_OF.update({tid: s for tid, s in _THE_ANSWER_IS})
+_WORD_IDS = [w[0] for w in WORDS]
 SPECIAL_IDS = frozenset({IM_START, IM_END, ENDOFTEXT})
 
 READY_PREFIX = "SGLANG_CONTRACT_READY "
@@ -145,12 +146,11 @@ def plan_reply(input_ids: list[int], seed: int | None, think_range: tuple[int, i
     rng = random.Random(hash((tuple(input_ids), seed or 0)))
     n_think = rng.randint(*think_range)
     n_answer = rng.randint(*answer_range)
-    words = [w[0] for w in WORDS]
-    thinking = [rng.choice(words) for _ in range(n_think)]
+    thinking = rng.choices(_WORD_IDS, k=n_think)
     # sprinkle commas so the text reads like a sentence
     for i in range(5, n_think, 7):
         thinking[i] = _COMMA[0]
-    answer = [rng.choice(words) for _ in range(n_answer)]
+    answer = rng.choices(_WORD_IDS, k=n_answer)
     return ([THINK, NL, _OKAY[0], _COMMA[0]] + thinking + [_PERIOD[0], NL, END_THINK, NL2]
             + [t for t, _ in _THE_ANSWER_IS] + answer + [_PERIOD[0], IM_END])
 
@@ -397,7 +397,7 @@ async def _apply_fault(st: State, request, fault: str | None, rid: str | None, s
 
 def _validate(st: State, ids: list, sp: dict) -> str | None:
     """Return SGLang's 400 message for a bad request, or None."""
-    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+    if not isinstance(ids, list) or not set(map(type, ids)) <= {int}:
         return "input_ids must be a list of integers"
     if not ids:
         return "The input_ids is empty."
@@ -560,7 +560,10 @@ async def handle_generate(request):
                 return _bad_request("Streaming a batch is not supported by this stub.")
             return await _stream_generate(st, request, prompts[0], sps[0], rids[0])
         else:
-            results = await asyncio.gather(*[_generate_one(st, p, sp, r) for p, sp, r in zip(prompts, sps, rids)])
+            if batch:
+                results = await asyncio.gather(*[_generate_one(st, p, sp, r) for p, sp, r in zip(prompts, sps, rids)])
+            else:
+                results = [await _generate_one(st, prompts[0], sps[0], rids[0])]
             for r, p in zip(rids, prompts):
                 st.record(r, "ok", len(p))
         return _json(results if batch else results[0])
