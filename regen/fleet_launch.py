@@ -66,6 +66,7 @@ class LaunchSpec:
     extra: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     log_dir: Path = Path("fleet-logs")
+    hybrid: bool | None = None  # hybrid Mamba model; None: read the model's config.json
 
 
 @dataclass
@@ -186,7 +187,8 @@ def server_argv(spec: LaunchSpec, port: int) -> list[str]:
     if spec.mtp:
         argv += MTP_FLAGS
         extra_buffer = spec.mamba_extra_buffer == "on" or (
-            spec.mamba_extra_buffer == "auto" and is_hybrid_mamba(spec.model)
+            spec.mamba_extra_buffer == "auto"
+            and (spec.hybrid if spec.hybrid is not None else is_hybrid_mamba(spec.model))
         )
         if extra_buffer and "--mamba-scheduler-strategy" not in spec.extra:
             argv += MAMBA_EXTRA_BUFFER_FLAGS

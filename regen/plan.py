@@ -17,9 +17,10 @@ Seeds: 914,000 x 2,500 tokens at 1,600 tok/s -> 16.5 days; 5.6 req/s x 2,306 tok
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from dqa.errors import UsageError
+from dqa.errors import InputError, RuntimeFailure, UsageError
 
 SECONDS_PER_HOUR = 3600.0
 SECONDS_PER_DAY = 86400.0
@@ -196,3 +197,145 @@ def table_rows(plans: list[Plan]) -> list[tuple[str, list[str]]]:
         ("cost per fleet-hour", [money(p.fleet_hour_cost) for p in plans]),
         ("total cost", [money(p.cost) for p in plans]),
     ]
+
+
+def count_findings(path: str | Path) -> int:
+    """The number of failing rows in a scan's ``findings.parquet`` (``path`` is the file or the
+    scan folder). Raises ``InputError`` when it is missing or lacks the ``row`` column."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    file = path / "findings.parquet" if path.is_dir() else path
+    if not file.is_file():
+        raise InputError(f"{file}: no findings.parquet (run `dqa scan` first, or pass --samples)")
+    try:
+        pf = pq.ParquetFile(file)
+    except Exception as exc:  # pyarrow raises several types for a non-parquet file
+        raise InputError(f"{file}: not a parquet file ({exc})") from None
+    if "row" not in pf.schema_arrow.names:
+        raise InputError(f"{file}: column 'row' missing; expected a dqa scan findings.parquet (row, id, reasons)")
+    return int(pf.metadata.num_rows)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What a short real regeneration measured (from its progress.json)."""
+
+    sample: int
+    done: int
+    ok: int
+    failed: int
+    truncated: int
+    elapsed_s: float
+    req_per_s: float
+    output_tok_per_s: float
+    mean_output_tokens: float
+    endpoints: int
+    out: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One line for people."""
+        return (
+            f"calibration: {self.done} of {self.sample} prompts on {self.endpoints} endpoint(s) in {self.elapsed_s:.1f} s: "
+            f"{self.req_per_s:.2f} req/s x {self.mean_output_tokens:,.0f} mean output tokens = "
+            f"{self.output_tok_per_s:,.0f} tok/s ({self.failed} failed, {self.truncated} truncated). "
+            "A short run includes warm-up and a batch smaller than the servers' concurrency: treat it as a floor."
+        )
+
+
+def calibration_from_progress(progress: dict[str, Any], sample: int, out: str | None) -> Calibration:
+    """Read the measured figures out of a regen ``progress.json`` object (FORMATS.md).
+
+    Raises ``RuntimeFailure`` when nothing completed, so no rate could be measured.
+    """
+    done = int(progress.get("done") or 0)
+    ok = int(progress.get("ok") or 0)
+    elapsed = float(progress.get("elapsed_s") or 0.0)
+    mean_out = float(progress.get("mean_output_tokens") or 0.0)
+    if ok <= 0 or elapsed <= 0 or mean_out <= 0:
+        raise RuntimeFailure(
+            f"calibration measured nothing: {ok} of {sample} prompts completed (state {progress.get('state')!r}); "
+            "check the endpoints with `dqa fleet status`"
+        )
+    tok_s = float(progress.get("output_tok_per_s") or 0.0)
+    req_s = float(progress.get("req_per_s") or 0.0)
+    if req_s <= 0:
+        req_s = done / elapsed
+    if tok_s <= 0:
+        tok_s = req_s * mean_out
+    return Calibration(
+        sample=sample,
+        done=done,
+        ok=ok,
+        failed=int(progress.get("failed") or 0),
+        truncated=int(progress.get("truncated") or 0),
+        elapsed_s=elapsed,
+        req_per_s=req_s,
+        output_tok_per_s=tok_s,
+        mean_output_tokens=mean_out,
+        endpoints=len(progress.get("endpoints") or {}) or 1,
+        out=out,
+    )
+
+
+def regen_command(
+    dataset: Path, out: Path, sample: int, findings: Path | None, fleet: Path | None, endpoints: list[str]
+) -> list[str]:
+    """The `dqa regen` argument list of a calibration run: ``sample`` failing prompts into ``out``."""
+    import sys
+
+    cmd = [sys.executable, "-m", "dqa.cli", "regen", str(dataset), "--out", str(out), "--limit", str(sample), "--json"]
+    if findings is not None:
+        cmd += ["--findings", str(findings)]
+    if fleet is not None:
+        cmd += ["--fleet", str(fleet)]
+    for url in endpoints:
+        cmd += ["--endpoint", url]
+    return cmd
+
+
+def calibrate(
+    dataset: str | Path,
+    findings: str | Path | None,
+    sample: int,
+    fleet: str | Path | None,
+    endpoints: list[str],
+    out: str | Path | None = None,
+) -> Calibration:
+    """Regenerate ``sample`` failing prompts of ``dataset`` on the fleet (a real `dqa regen` run)
+    and return what it measured. The run's folder is ``out``, or a temporary one that is removed.
+
+    Raises ``UsageError`` for a non-positive sample, ``RuntimeFailure`` when the run fails or
+    completes nothing.
+    """
+    import json
+    import subprocess
+    import tempfile
+
+    if sample < 1:
+        raise UsageError(f"--sample {sample}: must be >= 1")
+    tmp = None
+    if out is None:
+        tmp = tempfile.TemporaryDirectory(prefix="dqa-calibrate-")
+        run_dir = Path(tmp.name) / "regen"
+    else:
+        run_dir = Path(out)
+    try:
+        cmd = regen_command(
+            Path(dataset), run_dir, sample, None if findings is None else Path(findings),
+            None if fleet is None else Path(fleet), endpoints,
+        )  # fmt: skip
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        progress_file = run_dir / "progress.json"
+        if proc.returncode not in (0, 1) or not progress_file.is_file():
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeFailure(f"calibration run `dqa regen` failed (exit {proc.returncode}): {last}")
+        progress = json.loads(progress_file.read_text(encoding="utf-8"))
+        return calibration_from_progress(progress, sample, None if tmp else str(run_dir))
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
