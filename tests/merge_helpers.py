@@ -113,7 +113,7 @@ def base_table(rows: list[tuple[list[int], list[int]]], ids: list[str] | None = 
         cols["id"] = pa.array(ids, pa.string())
     cols["input_ids"] = pa.array([r[0] for r in rows], pa.list_(pa.int32()))
     if convention == "loss_mask":
-        cols["loss_mask"] = pa.array([r[1] for r in rows], pa.list_(mask_type))
+        cols["loss_mask"] = pa.array([r[1] for r in rows], pa.list_(pa.int8())).cast(pa.list_(mask_type))
     else:
         cols["labels"] = pa.array(
             [list(np.where(np.asarray(m) == 1, np.asarray(i), -100)) for i, m in rows], pa.list_(pa.int64())
