@@ -18,11 +18,14 @@ def merge(
         show_default=False,
     ),
     regen: List[Path] = typer.Option(
-        ..., "--regen", "-r", help="The --out folder of dqa regen (repeatable: one per --shard i/N driver).", show_default=False
+        ..., "--regen", "-r", metavar="DIR", show_default=False,
+        help="The --out folder of dqa regen (repeatable: one per --shard i/N driver).",
     ),
-    out: Path = typer.Option(..., "--out", "-o", help="The new dataset: a file or folder of the input's format.", show_default=False),
+    out: Path = typer.Option(
+        ..., "--out", "-o", metavar="NEW", show_default=False, help="The new dataset: a file or folder of the input's format."
+    ),
     failed: str = typer.Option(
-        "keep", "--failed", help="Rows that could not be regenerated: keep the original, or drop the row."
+        "keep", "--failed", metavar="keep|drop", help="Rows that could not be regenerated: keep the original, or drop the row."
     ),
     force: bool = typer.Option(False, "--force", help="Replace --out if it exists (never the input)."),
     check_prompts: bool = typer.Option(
@@ -30,10 +33,10 @@ def merge(
         help="Refuse shards whose prompt tokens are not the dataset row's first prompt_len tokens.",
     ),
     batch_rows: int = typer.Option(2048, help="Rows per streamed batch (memory is bounded by the batch)."),
-    ids_column: Optional[str] = typer.Option(None, help="Token ids column. [default: input_ids]"),
-    mask_column: Optional[str] = typer.Option(None, help="0/1 loss mask column. [default: loss_mask, if present]"),
-    labels_column: Optional[str] = typer.Option(None, help="Labels column (-100 = unsupervised). [default: labels]"),
-    id_column: Optional[str] = typer.Option(None, help="Sample id column. [default: id, if present]"),
+    ids_column: Optional[str] = typer.Option(None, help="Token ids column. (default: input_ids)"),
+    mask_column: Optional[str] = typer.Option(None, help="0/1 loss mask column. (default: loss_mask, if present)"),
+    labels_column: Optional[str] = typer.Option(None, help="Labels column (-100 = unsupervised). (default: labels)"),
+    id_column: Optional[str] = typer.Option(None, help="Sample id column. (default: id, if present)"),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line, no progress bar."),
 ) -> None:
@@ -118,6 +121,14 @@ def _run(dataset, regen, out, failed, force, check_prompts, batch_rows, ids_colu
     return 0
 
 
+def _help_text(doc: str) -> str:
+    """The docstring with each paragraph on one line, so the terminal wraps it (rich keeps newlines)."""
+    import inspect
+
+    paras = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(" ".join(p.split()) for p in paras)
+
+
 def register(app: typer.Typer) -> None:
     """Add ``dqa merge`` to ``app``."""
-    app.command("merge")(merge)
+    app.command("merge", help=_help_text(merge.__doc__ or ""))(merge)
