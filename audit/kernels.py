@@ -23,8 +23,10 @@ from dqa.audit.readers import TokenBatch
 from dqa.audit.template import TemplateSpec
 from dqa.errors import InputError
 
-NGRAM = 8  # n-gram length for repetition (must be 8: built by doubling 2 -> 4 -> 8)
-NGRAM_SAMPLE_SHIFT = np.uint64(61)  # keep n-grams whose hash has top 3 bits 0: a consistent 1/8 sample
+NGRAM = 8  # n-gram length for repetition
+ANCHOR_SHIFT = np.uint64(61)  # sampled n-grams: first-pair hash with its top 3 bits clear
+SAMPLE_RATE = 1 / 8
+EXACT_MIN_POSITIONS = 64  # under-sampled rows at least this long are measured exactly
 
 _K = 0x9E3779B97F4A7C15  # odd multiplier of the polynomial sequence hash
 _K_INV = pow(_K, -1, 1 << 64)
@@ -108,8 +110,8 @@ def _powers(base: int, size: int) -> np.ndarray:
 
 
 def _prefix(x: np.ndarray) -> np.ndarray:
-    """``[0, x0, x0+x1, ...]`` as int64 (length ``len(x) + 1``)."""
-    out = np.empty(len(x) + 1, dtype=np.int64)
+    """``[0, x0, x0+x1, ...]`` (length ``len(x) + 1``); int32 while a batch holds < 2**31 tokens."""
+    out = np.empty(len(x) + 1, dtype=np.int32 if len(x) < 2**31 - 1 else np.int64)
     out[0] = 0
     np.cumsum(x, out=out[1:])
     return out
@@ -137,36 +139,58 @@ def _sequence_hash(tokens_mix: np.ndarray, bounds: np.ndarray, tables: KernelTab
     return h
 
 
-def _ngram_repeat_share(sup_mix: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-    """Share of each row's (sampled) supervised 8-grams that repeat an earlier 8-gram of the same row.
+def _hash_ngrams(sup_mix: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """64-bit hashes of the 8-grams of ``sup_mix`` starting at ``pos`` (all in range)."""
+    h = sup_mix[pos].copy()
+    for k in range(1, NGRAM):  # eight gathers over the given positions, not a loop over data
+        h *= _A
+        h += sup_mix[pos + k]
+    return h
 
-    N-gram hashes are built by doubling (2-, 4-, then 8-grams). A consistent
-    sample (the n-grams whose hash has its top 3 bits clear) keeps 1/8 of them:
-    equal n-grams are kept or dropped together, so the repeat share is estimated
-    without bias at an eighth of the sorting cost.
-    """
-    n = len(bounds) - 1
-    share = np.zeros(n, dtype=np.float64)
-    if sup_mix.size < NGRAM:
-        return share
-    h2 = sup_mix[:-1] * _A + sup_mix[1:]
-    h4 = h2[:-2] * _B + h2[2:]
-    h8 = h4[:-4] * _C + h4[4:]
-    del h2, h4
-    pos = np.flatnonzero((h8 >> NGRAM_SAMPLE_SHIFT) == 0)
-    if pos.size == 0:
-        return share
-    row = np.searchsorted(bounds, pos, side="right") - 1
-    inside = pos + NGRAM <= bounds[row + 1]
-    pos, row = pos[inside], row[inside]
-    if pos.size == 0:
-        return share
-    key = (row.astype(np.uint64) << np.uint64(40)) | (h8[pos] >> np.uint64(24))
+
+def _repeat_counts(row: np.ndarray, h: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: how many (row, hash) keys there are, and how many repeat an earlier equal key."""
+    key = (row.astype(np.uint64) << np.uint64(40)) | (h >> np.uint64(24))
     key.sort()
     total = np.bincount(row, minlength=n)
     dup_rows = (key[1:][key[1:] == key[:-1]] >> np.uint64(40)).astype(np.int64)
-    dups = np.bincount(dup_rows, minlength=n)
+    return total, np.bincount(dup_rows, minlength=n)
+
+
+def _ngram_repeat_share(sup_mix: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Share of each row's supervised 8-grams that repeat an earlier 8-gram of the same row.
+
+    Estimated on a consistent sample: the n-grams whose first token pair hashes
+    into a fixed 1/8 of the hash space (equal n-grams are kept or dropped
+    together, so repeats survive sampling). A loop whose few distinct n-grams all
+    miss the sample shows up as a row with far fewer sampled n-grams than its
+    length predicts; such rows are measured exactly on every position.
+    """
+    n = len(bounds) - 1
+    share = np.zeros(n, dtype=np.float64)
+    size = sup_mix.size
+    if size < NGRAM:
+        return share
+    pair = sup_mix[:-1] * _A + sup_mix[1:]
+    pos = np.flatnonzero((pair >> ANCHOR_SHIFT) == 0)
+    del pair
+    pos = pos[pos + NGRAM <= size]
+    row = np.searchsorted(bounds, pos, side="right") - 1
+    inside = pos + NGRAM <= bounds[row + 1]
+    pos, row = pos[inside], row[inside]
+    total, dups = _repeat_counts(row, _hash_ngrams(sup_mix, pos), n)
     np.divide(dups, total, out=share, where=total > 0)
+
+    positions = np.maximum(np.diff(bounds) - NGRAM + 1, 0)
+    suspicious = np.flatnonzero((positions >= EXACT_MIN_POSITIONS) & (total < positions * (SAMPLE_RATE / 2)))
+    if suspicious.size:
+        lengths = positions[suspicious]
+        starts = bounds[suspicious]
+        ranks = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        all_pos = np.repeat(starts, lengths) + ranks
+        all_row = np.repeat(suspicious, lengths)
+        t2, d2 = _repeat_counts(all_row, _hash_ngrams(sup_mix, all_pos), n)
+        share[suspicious] = d2[suspicious] / t2[suspicious]
     return share
 
 
@@ -278,10 +302,12 @@ def batch_metrics(batch: TokenBatch, tables: KernelTables) -> dict[str, np.ndarr
 
     # Hashes of the supervised sequence and of the prompt (unsupervised tokens), and loops.
     mb = mask.view(bool)
-    sup_mix = tables.mix[ids[mb]]
+    sup_ids = ids[mb]
+    sup_mix = tables.mix[sup_ids]
     sup_bounds = cs_mask[offs]
     supervised_hash = _sequence_hash(sup_mix, sup_bounds, tables)
     ngram_share = _ngram_repeat_share(sup_mix, sup_bounds)
+    del sup_ids
     del sup_mix
     uns_mix = tables.mix[ids[~mb]]
     prompt_hash = _sequence_hash(uns_mix, offs - sup_bounds, tables)
@@ -289,8 +315,8 @@ def batch_metrics(batch: TokenBatch, tables: KernelTables) -> dict[str, np.ndarr
     return {
         "n_tokens": n_tokens,
         "n_mask": batch.mask_lengths.astype(np.int64, copy=False),
-        "supervised_tokens": supervised,
-        "content_tokens": content_tokens,
+        "supervised_tokens": supervised.astype(np.int64),
+        "content_tokens": content_tokens.astype(np.int64),
         "prompt_tokens": prompt_tokens.astype(np.int64, copy=False),
         "thinking_tokens": thinking_tokens.astype(np.int64, copy=False),
         "answer_tokens": answer_tokens.astype(np.int64, copy=False),

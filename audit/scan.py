@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import math
 import os
+import queue
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import polars as pl
@@ -25,7 +27,7 @@ import pyarrow.parquet as pq
 from dqa import atomic
 from dqa.audit import checks as checks_mod
 from dqa.audit.kernels import METRIC_COLUMNS, KernelTables, batch_metrics
-from dqa.audit.readers import Dataset, open_dataset
+from dqa.audit.readers import Dataset, TokenBatch, open_dataset
 from dqa.audit.template import TemplateSpec, load_template
 from dqa.errors import InputError
 
@@ -77,13 +79,52 @@ def _selected_checks(options: ScanOptions) -> list[str]:
     return [n for n in only if n not in set(options.skip)]
 
 
+def _prefetch(batches: Iterator[TokenBatch], depth: int = 2) -> Iterator[TokenBatch]:
+    """Read the next batches in a background thread while the kernel works on this one.
+
+    Parquet decoding and numpy both release the GIL, so reading and computing
+    overlap on two cores. Exceptions from the reader re-raise here, in order.
+    """
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for b in batches:
+                while not stop.is_set():
+                    try:
+                        q.put(b, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as exc:  # handed to the consumer
+            q.put(exc)
+
+    thread = threading.Thread(target=produce, name="dqa-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
 def _stream_metrics(ds: Dataset, tables: KernelTables, part: Path, batch_rows: int, progress: ProgressFn | None) -> tuple[int, int]:
     """Write one metrics row group per batch to ``part``; return ``(rows, tokens)``."""
     writer: pq.ParquetWriter | None = None
     rows = tokens = 0
     id_type: pa.DataType | None = None
     try:
-        for batch in ds.batches(batch_rows):
+        for batch in _prefetch(ds.batches(batch_rows)):
             m = batch_metrics(batch, tables)
             cols: dict[str, Any] = {"row": np.arange(batch.start_row, batch.start_row + batch.num_rows, dtype=np.int64)}
             if batch.row_ids is not None:

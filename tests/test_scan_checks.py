@@ -210,3 +210,22 @@ def test_boilerplate_sequence_of_the_ok_mode(tmp_path):
     ids, mask = render(conversation("hi", None, "OK."), enable_thinking=False)
     supervised = [t for t, m in zip(ids, mask) if m]
     assert supervised == [THINK, NLNL, END_THINK, NLNL, 3925, 13, IM_END]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_loops_of_every_period_are_measured(seed):
+    """The n-gram sample must not miss short-period loops: periods 2..40 all read as loops,
+    and random text does not."""
+    import numpy as np
+
+    from dqa.audit.kernels import KernelTables, _ngram_repeat_share
+    from dqa.audit.template import qwen3_preset
+
+    mix = KernelTables.build(qwen3_preset()).mix
+    rng = np.random.default_rng(seed)
+    rows = [np.tile(rng.integers(0, 150_000, period), 600 // period + 1)[:600] for period in range(2, 41)]
+    rows += [rng.integers(0, 150_000, 600) for _ in range(10)]
+    bounds = np.concatenate(([0], np.cumsum([len(r) for r in rows])))
+    share = _ngram_repeat_share(mix[np.concatenate(rows)], bounds)
+    assert (share[:39] > 0.8).all(), share[:39]
+    assert (share[39:] < 0.05).all()

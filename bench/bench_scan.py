@@ -1,0 +1,188 @@
+"""Benchmark: `dqa scan` (all checks) against the floor and against a per-row Python loop.
+
+One run, three contestants, each in its own process so that peak RSS is its own:
+
+- floor: pyarrow reads the two token columns batch by batch and numpy sums the mask;
+  nothing can scan faster than reading the data.
+- dqa: ``run_scan`` with every check, writing the full scan folder.
+- loop: what a typical preprocessing script does: iterate rows as Python lists, sum the
+  mask, decode the supervised tokens with the tokenizer and count identical texts. It runs on
+  a prefix of the set (``--loop-rows``) because it is slow; it is compared by tokens/s.
+
+Usage:
+    python bench/bench_scan.py [--tokens 200e6] [--data bench/data/scan.parquet]
+
+Prints tokens/s, wall time and peak RSS of each and the ratios. The generated set has
+realistic Qwen3 structure (system/user/assistant turns, think blocks, 10% "OK." rows, 2% loops)
+and is cached under bench/data/ (gitignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+IM_START, IM_END, THINK, END_THINK, NL, NLNL = 151644, 151645, 151667, 151668, 198, 271
+USER, ASSISTANT, SYSTEM = 872, 77091, 8948
+VOCAB_TEXT = 150000  # ordinary text ids are drawn below this
+
+
+def _rows_batch(rng: np.random.Generator, n: int, mean_len: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """``n`` synthetic chat samples; per-row numpy construction (generation is not what is measured)."""
+    ids_rows, mask_rows = [], []
+    for i in range(n):
+        prompt = rng.integers(0, VOCAB_TEXT, rng.integers(30, 300), dtype=np.int32)
+        head = np.concatenate(([IM_START, USER, NL], prompt, [IM_END, NL, IM_START, ASSISTANT, NL])).astype(np.int32)
+        kind = rng.random()
+        if kind < 0.10:  # the OK. mode
+            body = np.array([THINK, NLNL, END_THINK, NLNL, 3925, 13, IM_END], dtype=np.int32)
+        else:
+            think_len = max(10, int(rng.normal(mean_len * 0.75, mean_len * 0.25)))
+            thinking = rng.integers(0, VOCAB_TEXT, think_len, dtype=np.int32)
+            if kind < 0.12:  # a loop
+                thinking = np.tile(rng.integers(0, VOCAB_TEXT, 20, dtype=np.int32), think_len // 20 + 1)[:think_len]
+            answer = rng.integers(0, VOCAB_TEXT, max(10, int(rng.normal(mean_len * 0.2, 50))), dtype=np.int32)
+            body = np.concatenate(([THINK, NL], thinking, [NL, END_THINK, NLNL], answer, [IM_END])).astype(np.int32)
+        ids = np.concatenate((head, body, [NL])).astype(np.int32)
+        mask = np.zeros(len(ids), dtype=np.int8)
+        mask[len(head) : len(head) + len(body)] = 1
+        ids_rows.append(ids)
+        mask_rows.append(mask)
+    return ids_rows, mask_rows
+
+
+def make_dataset(path: Path, tokens: float, mean_len: int = 2500, seed: int = 0) -> Path:
+    """Write the synthetic set (cached: reused when it exists)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    tmp = path.with_suffix(".partial")
+    written = 0
+    row = 0
+    with pq.ParquetWriter(tmp, pa.schema([("id", pa.string()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8()))])) as w:
+        while written < tokens:
+            ids, mask = _rows_batch(rng, 2048, mean_len)
+            lengths = np.array([len(x) for x in ids])
+            offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
+            table = pa.table(
+                {
+                    "id": pa.array([f"b-{row + i}" for i in range(len(ids))]),
+                    "input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(ids))),
+                    "loss_mask": pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(mask))),
+                }
+            )
+            w.write_table(table)
+            written += int(lengths.sum())
+            row += len(ids)
+            print(f"\rgenerating: {written / 1e6:,.0f}M tokens", end="", file=sys.stderr)
+    print(file=sys.stderr)
+    os.replace(tmp, path)
+    return path
+
+
+# --- contestants (each runs in a child process) --------------------------------------------
+
+
+def run_floor(data: Path) -> dict:
+    import pyarrow.parquet as pq
+
+    tokens = supervised = 0
+    for rb in pq.ParquetFile(data).iter_batches(batch_size=2048, columns=["input_ids", "loss_mask"]):
+        tokens += len(rb.column(0).values)
+        supervised += int(np.asarray(rb.column(1).values).sum(dtype=np.int64))
+    return {"tokens": tokens, "supervised": supervised}
+
+
+def run_dqa(data: Path) -> dict:
+    import tempfile
+
+    from dqa.audit.scan import run_scan
+
+    with tempfile.TemporaryDirectory() as out:
+        result = run_scan(data, Path(out) / "scan")
+        return {"tokens": result.summary["tokens"], "failing_rows": result.summary["failing_rows"]}
+
+
+def run_loop(data: Path, rows: int) -> dict:
+    from collections import Counter
+
+    import pyarrow.parquet as pq
+    from tokenizers import Tokenizer
+
+    from dqa.tokenizer_files import qwen3_tokenizer_dir
+
+    tok = Tokenizer.from_file(str(qwen3_tokenizer_dir() / "tokenizer.json"))
+    counts: Counter[str] = Counter()
+    tokens = seen = 0
+    for rb in pq.ParquetFile(data).iter_batches(batch_size=2048, columns=["input_ids", "loss_mask"]):
+        for ids, mask in zip(rb.column(0).to_pylist(), rb.column(1).to_pylist()):
+            tokens += len(ids)
+            n_sup = sum(mask)
+            text = tok.decode([t for t, m in zip(ids, mask) if m], skip_special_tokens=False) if n_sup else ""
+            counts[text] += 1
+            seen += 1
+            if seen >= rows:
+                return {"tokens": tokens, "rows": seen, "distinct": len(counts)}
+    return {"tokens": tokens, "rows": seen, "distinct": len(counts)}
+
+
+def _child(kind: str, data: Path, loop_rows: int) -> None:
+    t0 = time.perf_counter()
+    out = {"floor": lambda: run_floor(data), "dqa": lambda: run_dqa(data), "loop": lambda: run_loop(data, loop_rows)}[kind]()
+    out["wall_s"] = time.perf_counter() - t0
+    print(json.dumps(out))
+
+
+def _measure(kind: str, data: Path, loop_rows: int) -> dict:
+    proc = subprocess.Popen([sys.executable, __file__, "--child", kind, "--data", str(data), "--loop-rows", str(loop_rows)],
+                            stdout=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    out = proc.stdout.read()  # type: ignore[union-attr]
+    if status != 0:
+        raise SystemExit(f"{kind} failed with status {status}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result["peak_rss_mib"] = usage.ru_maxrss / 1024
+    result["cpu_s"] = usage.ru_utime + usage.ru_stime
+    result["tok_per_s"] = result["tokens"] / result["wall_s"]
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=float, default=200e6)
+    ap.add_argument("--data", type=Path, default=Path(__file__).parent / "data" / "scan.parquet")
+    ap.add_argument("--loop-rows", type=int, default=4000)
+    ap.add_argument("--child", choices=["floor", "dqa", "loop"])
+    args = ap.parse_args()
+    if args.child:
+        _child(args.child, args.data, args.loop_rows)
+        return
+    data = make_dataset(args.data, args.tokens)
+    results = {k: _measure(k, data, args.loop_rows) for k in ("floor", "dqa", "loop")}
+    print(f"dataset: {data.name}, {results['floor']['tokens'] / 1e6:,.1f}M tokens")
+    print(f"{'contestant':<10} {'tokens':>12} {'wall s':>9} {'CPU s':>8} {'Mtok/s':>9} {'peak RSS MiB':>13}")
+    for k, r in results.items():
+        print(f"{k:<10} {r['tokens']:>12,} {r['wall_s']:>9.2f} {r['cpu_s']:>8.2f} {r['tok_per_s'] / 1e6:>9.2f} {r['peak_rss_mib']:>13.0f}")
+    f, d, lo = results["floor"], results["dqa"], results["loop"]
+    cpu_rate = {k: r["tokens"] / r["cpu_s"] for k, r in results.items()}
+    print(f"dqa time / floor time: {d['wall_s'] / f['wall_s']:.2f}x wall, {d['cpu_s'] / f['cpu_s']:.2f}x CPU (goal <= 2.5x)")
+    print(
+        f"dqa speed / loop speed: {d['tok_per_s'] / lo['tok_per_s']:.1f}x wall, {cpu_rate['dqa'] / cpu_rate['loop']:.1f}x per CPU second "
+        f"(goal >= 10x; loop measured on {lo['rows']:,} rows)"
+    )
+    print(f"dqa peak RSS: {d['peak_rss_mib']:.0f} MiB (goal < 2048)")
+
+
+if __name__ == "__main__":
+    main()
