@@ -1,0 +1,107 @@
+"""``dqa regen``: regenerate the failing samples on a fleet of servers, exactly once, resumable."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from dqa.commands.common import handles_errors
+
+HELP = """Regenerate the samples `dqa scan` flagged, with thinking on, on a fleet of SGLang (or OpenAI-compatible) servers.
+
+The prompt is each sample's own input_ids up to its last assistant header (a prefilled empty
+think block is dropped, so the model thinks); the new sample is prompt + the server's output
+tokens, loss_mask 0 over the prompt and 1 over the output. Results go to parquet shards in
+--out (see FORMATS.md); progress.json there is rewritten every ~2 s.
+
+Resumable: rerun the same command after a crash, kill -9 or Ctrl-C; finished rows are never
+sent or written again. First Ctrl-C (or SIGTERM) stops dispatching and drains in-flight
+requests; a second one cancels them. Exit 0 when every selected row is recorded (ok, length
+or failed), 2 for bad input or an --out made for another run, 3 when interrupted or when all
+endpoints stayed down past the deadline.
+
+Example:
+
+  dqa regen data/train.parquet --fleet fleet.json --out regen/ --gpu-hour-cost 6.5
+"""
+
+
+def register(app: typer.Typer) -> None:
+    app.command("regen", help=HELP, no_args_is_help=True)(regen)
+
+
+@handles_errors
+def regen(
+    dataset: str = typer.Argument(..., help="Tokenized dataset: parquet file/folder, HF save_to_disk folder, Arrow or JSONL."),
+    failed_only: bool = typer.Option(True, "--failed-only/--all", help="Only the rows in findings.parquet (default), or every row."),
+    findings: Optional[str] = typer.Option(None, "--findings", help="findings.parquet or the folder holding it. Default: dqa-out/<dataset name>/ (where `dqa scan` writes)."),
+    reasons: Optional[str] = typer.Option(None, "--reasons", help="Only rows flagged by these checks, comma-separated, e.g. degenerate_template,empty_thinking."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N selected rows (a trial run; a later run with a larger limit resumes it)."),
+    endpoint: List[str] = typer.Option([], "--endpoint", "-e", help="Server base URL, repeatable: -e http://10.0.0.5:30000 -e http://10.0.0.6:30000."),
+    fleet: Optional[str] = typer.Option(None, "--fleet", help="Fleet file written by `dqa fleet up` (endpoints, protocol, model)."),
+    out: str = typer.Option(..., "--out", "-o", help="Output folder, or an fsspec URL (s3://bucket/run/): staged locally, closed shards uploaded."),
+    protocol: Optional[str] = typer.Option(None, "--protocol", help="sglang (native /generate, token-exact; default) or openai (/v1/chat/completions, text round trip)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model name to send (openai) and record. Default: the fleet file's, else asked from the server."),
+    api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Environment variable holding the API key (sent as a bearer token, never logged or written)."),
+    max_in_flight: int = typer.Option(48, "--max-in-flight", help="Requests in flight per endpoint (match the server's --max-running-requests)."),
+    temperature: float = typer.Option(0.6, "--temperature", help="Sampling temperature (Qwen3 thinking: 0.6)."),
+    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling (Qwen3 thinking: 0.95)."),
+    top_k: int = typer.Option(20, "--top-k", help="Top-k sampling (Qwen3 thinking: 20)."),
+    max_new_tokens: int = typer.Option(8192, "--max-new-tokens", help="Output token limit; rows that hit it are recorded with status 'length'. Prompt + this must fit the servers' context length."),
+    shard: Optional[str] = typer.Option(None, "--shard", help="i/N: this driver takes the selected rows with row % N == i (one --out per driver)."),
+    gpu_hour_cost: float = typer.Option(0.0, "--gpu-hour-cost", help="Price of one GPU-hour, for cost so far and projected."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs the fleet uses, for cost. Default: from the fleet file, else one per endpoint."),
+    mirror: List[str] = typer.Option([], "--mirror", help="Also copy each closed shard to this fsspec URL (repeatable)."),
+    tokenizer: str = typer.Option("qwen3", "--tokenizer", help="Tokenizer folder (tokenizer.json + chat template) or the preset qwen3: gives the assistant header ids; openai also renders replies with it."),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="On resume, send the rows recorded as failed again (their old records are replaced)."),
+    max_attempts: int = typer.Option(6, "--max-attempts", help="Attempts per row before it is recorded as failed."),
+    request_timeout: float = typer.Option(3600.0, "--request-timeout", help="Seconds to wait for one reply (long: a disconnect aborts the request on the server)."),
+    down_deadline: float = typer.Option(600.0, "--down-deadline", help="Stop (exit 3, resumable) when no endpoint has been healthy for this many seconds."),
+    shard_rows: int = typer.Option(20000, "--shard-rows", help="Rows per output shard (a shard also closes every 5 minutes)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the final progress object as JSON on stdout."),
+) -> None:
+    import json
+
+    from dqa.errors import UsageError
+    from dqa.regen.run import RegenConfig, regenerate
+
+    if shard_rows < 1:
+        raise UsageError("--shard-rows must be >= 1")
+    if max_attempts < 1:
+        raise UsageError("--max-attempts must be >= 1")
+    cfg = RegenConfig(
+        dataset=dataset,
+        out=out,
+        endpoints=list(endpoint),
+        fleet=fleet,
+        failed_only=failed_only,
+        findings=findings,
+        reasons=[r.strip() for r in reasons.split(",") if r.strip()] if reasons else None,
+        limit=limit,
+        protocol=protocol,
+        model=model,
+        api_key_env=api_key_env,
+        max_in_flight=max_in_flight,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        max_new_tokens=max_new_tokens,
+        shard=shard,
+        gpu_hour_cost=gpu_hour_cost,
+        gpus=gpus,
+        mirror=list(mirror),
+        tokenizer=tokenizer,
+        retry_failed=retry_failed,
+        max_attempts=max_attempts,
+        request_timeout=request_timeout,
+        down_deadline=down_deadline,
+        shard_rows=shard_rows,
+    )
+    result = regenerate(cfg)
+    if json_out:
+        typer.echo(json.dumps(result.progress, indent=2))
+    if result.exit_code != 0:
+        from dqa.commands.common import fail
+
+        fail(result.message, result.exit_code)

@@ -1,0 +1,325 @@
+"""One HTTP request per attempt, for two protocols behind one interface.
+
+``sglang``: ``POST /generate`` with ``input_ids`` and ``sampling_params``;
+the reply's ``output_ids`` are kept as is (token-exact).
+
+``openai``: ``POST /v1/chat/completions`` with ``messages`` decoded from the
+prompt tokens and ``chat_template_kwargs: {"enable_thinking": true}``; the
+reply (``reasoning_content`` + ``content``) is rendered back into tokens with
+the tokenizer's chat template, and the rendered prompt part must equal the
+prompt tokens. The output tokens are a text round trip, so whitespace the
+server trimmed is lost; use ``sglang`` for token-exact output.
+
+A call returns an ``Outcome``; it never raises for server behaviour. The
+``kind`` says what the dispatcher does next (see SGLANG.md, client rules):
+``ok``/``length`` are recorded, ``retry`` is retried with backoff, ``fail`` is
+recorded as a failure without retrying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+OK = "ok"
+LENGTH = "length"
+RETRY = "retry"
+FAIL = "fail"
+
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# Statuses that say the endpoint itself is in trouble (count towards taking it out).
+ENDPOINT_FAULT_STATUS = frozenset({500, 502, 503, 504})
+EMPTY_IDS = np.zeros(0, dtype=np.int32)
+
+
+@dataclass
+class Outcome:
+    """What one attempt produced.
+
+    ``endpoint_fault`` marks failures that speak against the endpoint
+    (connection refused or dropped, 5xx, read timeout) rather than the request.
+    """
+
+    kind: str
+    output_ids: np.ndarray = field(default_factory=lambda: EMPTY_IDS)
+    finish_reason: str = ""
+    error: str | None = None
+    endpoint_fault: bool = False
+    refused: bool = False
+    completion_tokens: int = 0
+
+
+@dataclass
+class Sampling:
+    """Sampling parameters sent with every request (seed is per sample)."""
+
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = 20
+    max_new_tokens: int = 8192
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "max_new_tokens": self.max_new_tokens}
+
+
+class Job:
+    """One selected row on its way through the fleet."""
+
+    __slots__ = ("row", "sample_id", "key", "prompt", "seed", "attempts", "last_endpoint", "error", "body_cache", "messages")
+
+    def __init__(self, row: int, sample_id: str | None, prompt: np.ndarray, seed: int, error: str | None = None):
+        self.row = row
+        self.sample_id = sample_id
+        self.key = sample_id if sample_id is not None else str(row)
+        self.prompt = prompt
+        self.seed = seed
+        self.attempts = 0
+        self.last_endpoint: str | None = None
+        self.error = error  # set when the row cannot be sent at all (no assistant header)
+        self.body_cache: bytes | None = None
+        self.messages: list[dict] | None = None
+
+
+def _short(text: Any, n: int = 300) -> str:
+    return " ".join(str(text).split())[:n]
+
+
+def classify_status(status: int, body: bytes) -> Outcome:
+    """Map a non-200 HTTP status to an outcome (retry with backoff, or a recorded failure)."""
+    text = _short(body.decode("utf-8", "replace"))
+    err = f"HTTP {status}: {text}" if text else f"HTTP {status}"
+    if status in RETRY_STATUS:
+        return Outcome(RETRY, error=err, endpoint_fault=status in ENDPOINT_FAULT_STATUS)
+    if status == 400 and "duplicate request id" in text.lower():
+        # A request of an earlier run with the same rid may still be aborting on the server.
+        return Outcome(RETRY, error=err)
+    return Outcome(FAIL, error=err)
+
+
+def error_in_body(obj: Any) -> Outcome | None:
+    """An ``{"error": ...}`` object inside a 200 reply (how SGLang streams errors) as an outcome, else None."""
+    if not isinstance(obj, dict) or "error" not in obj or obj.get("choices") or obj.get("output_ids"):
+        return None
+    err = obj["error"]
+    code = err.get("code") if isinstance(err, dict) else None
+    msg = err.get("message") if isinstance(err, dict) else err
+    try:
+        code = int(code) if code is not None else None
+    except (TypeError, ValueError):
+        code = None
+    kind = FAIL if code is not None and 400 <= code < 500 and code not in RETRY_STATUS else RETRY
+    return Outcome(kind, error=f"error in reply{f' ({code})' if code else ''}: {_short(msg)}", endpoint_fault=kind == RETRY)
+
+
+class SglangProtocol:
+    """Native SGLang ``/generate`` with ``input_ids`` (token-exact)."""
+
+    name = "sglang"
+    path = "/generate"
+
+    def __init__(self, sampling: Sampling, model: str | None = None):
+        self.sampling = sampling
+        self.model = model or ""
+        sp = sampling.as_dict()
+        sp.pop("max_new_tokens")
+        self._sp_head = json.dumps(sp)[:-1].encode()  # '{"temperature": ..., "top_k": 20' (no closing brace)
+
+    def body(self, job: Job, attempt: int, extras_off: frozenset[str], max_new: int) -> bytes:
+        if job.body_cache is None:
+            # The prompt's JSON is built once per sample, not once per attempt.
+            job.body_cache = b'{"input_ids":[' + ",".join(map(str, job.prompt.tolist())).encode() + b'],"sampling_params":' + self._sp_head
+        rid = json.dumps(f"{job.key}:{attempt}").encode()
+        return job.body_cache + b',"max_new_tokens":%d,"sampling_seed":%d},"rid":%s}' % (max_new, job.seed, rid)
+
+    def parse(self, obj: Any, job: Job) -> Outcome:
+        """Read ``output_ids`` and ``meta_info.finish_reason`` (dict shapes per SGLANG.md)."""
+        bad = error_in_body(obj)
+        if bad is not None:
+            return bad
+        if isinstance(obj, list) and len(obj) == 1:
+            obj = obj[0]
+        if not isinstance(obj, dict):
+            return Outcome(FAIL, error=f"reply is not a JSON object: {_short(obj, 120)}")
+        meta = obj.get("meta_info") or {}
+        fr = meta.get("finish_reason")
+        if isinstance(fr, dict):
+            ftype = str(fr.get("type", ""))
+        elif isinstance(fr, str):
+            ftype = fr
+        else:
+            return Outcome(FAIL, error="reply has no meta_info.finish_reason")
+        if ftype == "abort":
+            msg = fr.get("message", "") if isinstance(fr, dict) else ""
+            code = fr.get("status_code") if isinstance(fr, dict) else None
+            err = f"aborted by server{f' ({code})' if code else ''}: {_short(msg)}"
+            if isinstance(code, int) and 400 <= code < 500 and code not in RETRY_STATUS:
+                return Outcome(FAIL, finish_reason="abort", error=err)
+            return Outcome(RETRY, finish_reason="abort", error=err)
+        out = obj.get("output_ids")
+        if out is None:
+            return Outcome(FAIL, finish_reason=ftype, error="reply has no output_ids (SGLang too old? it needs a version that returns output_ids)")
+        try:
+            ids = np.asarray(out, dtype=np.int32)
+        except (TypeError, ValueError, OverflowError):
+            return Outcome(FAIL, finish_reason=ftype, error="output_ids are not token ids")
+        if ids.ndim != 1:
+            return Outcome(FAIL, finish_reason=ftype, error="output_ids are not a flat list")
+        kind = LENGTH if ftype == "length" else OK
+        return Outcome(kind, output_ids=ids, finish_reason=ftype, completion_tokens=int(ids.size))
+
+
+class OpenAIProtocol:
+    """OpenAI-compatible ``/v1/chat/completions`` with thinking on, rendered back into tokens.
+
+    ``tokenizer`` is a transformers tokenizer with the model's chat template.
+    Optional fields some servers reject as unknown (``top_k``, ``rid``) are
+    dropped per endpoint when a server answers that they are unexpected.
+    """
+
+    name = "openai"
+    path = "/v1/chat/completions"
+    OPTIONAL = ("top_k", "rid")
+
+    def __init__(self, sampling: Sampling, tokenizer, turn_start: int, eot: int, model: str | None = None):
+        self.sampling = sampling
+        self.tokenizer = tokenizer
+        self.turn_start = turn_start
+        self.eot = eot
+        self.model = model or ""
+
+    def messages(self, job: Job) -> list[dict]:
+        from dqa.regen.prompts import chatml_messages
+
+        if job.messages is None:
+            job.messages = chatml_messages(job.prompt, self.tokenizer, self.turn_start, self.eot)
+        return job.messages
+
+    def body(self, job: Job, attempt: int, extras_off: frozenset[str], max_new: int) -> bytes:
+        s = self.sampling
+        payload: dict[str, Any] = {
+            "messages": self.messages(job),
+            "max_tokens": max_new,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "seed": job.seed,
+            "chat_template_kwargs": {"enable_thinking": True},
+        }
+        if self.model:
+            payload["model"] = self.model
+        if "top_k" not in extras_off:
+            payload["top_k"] = s.top_k
+        if "rid" not in extras_off:
+            payload["rid"] = f"{job.key}:{attempt}"
+        return json.dumps(payload).encode()
+
+    @classmethod
+    def rejected_extras(cls, status: int, body: bytes) -> frozenset[str]:
+        """Optional fields a 400/422 reply names as unexpected (empty when it is another error)."""
+        if status not in (400, 422):
+            return frozenset()
+        text = body.decode("utf-8", "replace").lower()
+        if "unexpected" not in text and "extra" not in text and "not permitted" not in text:
+            return frozenset()
+        return frozenset(f for f in cls.OPTIONAL if f"'{f}'" in text or f'"{f}"' in text)
+
+    def parse(self, obj: Any, job: Job) -> Outcome:
+        bad = error_in_body(obj)
+        if bad is not None:
+            return bad
+        try:
+            choice = obj["choices"][0]
+            message = choice.get("message") or {}
+            finish = choice.get("finish_reason") or ""
+        except (KeyError, IndexError, TypeError, AttributeError):
+            return Outcome(FAIL, error=f"reply has no choices[0]: {_short(obj, 120)}")
+        if finish == "abort":
+            return Outcome(RETRY, finish_reason="abort", error="aborted by server")
+        content = message.get("content") or ""
+        reasoning = message.get("reasoning_content")
+        if reasoning is None:
+            reasoning = message.get("reasoning")
+        try:
+            ids = self.render_output(job, content, reasoning, finish)
+        except ValueError as exc:
+            return Outcome(FAIL, finish_reason=finish, error=f"row {job.row}: {exc}")
+        kind = LENGTH if finish == "length" else OK
+        return Outcome(kind, output_ids=ids, finish_reason=finish or "stop", completion_tokens=int(ids.size))
+
+    def render_output(self, job: Job, content: str, reasoning: str | None, finish: str) -> np.ndarray:
+        """Render prompt messages + the reply with the chat template; return the tokens after the prompt.
+
+        Raises ``ValueError`` when the rendered prompt part differs from the prompt tokens.
+        """
+        unclosed = False
+        if reasoning is None and "<think>" in content:
+            head, _, rest = content.partition("<think>")
+            if "</think>" in rest:
+                reasoning, _, content = rest.partition("</think>")
+                content = head + content.lstrip("\n")
+            else:  # thinking cut off by the length limit, no parser on the server
+                reasoning, content, unclosed = rest, head, True
+        elif reasoning is not None and not content and finish == "length":
+            unclosed = True
+        reply: dict[str, Any] = {"role": "assistant", "content": content}
+        if reasoning is not None:
+            reply["reasoning_content"] = reasoning
+        tok = self.tokenizer
+        text = tok.apply_chat_template(self.messages(job) + [reply], tokenize=False, enable_thinking=True)
+        if not isinstance(text, str):
+            raise ValueError("chat template did not render text")
+        eot_text = tok.decode([self.eot], skip_special_tokens=False)
+        cut = text.rfind(eot_text)
+        if finish == "length" and cut >= 0:
+            text = text[:cut]  # a truncated reply has no end of turn
+            if unclosed:
+                close = text.rfind("</think>")
+                if close >= 0:
+                    text = text[:close].rstrip("\n")
+        elif cut >= 0:
+            text = text[: cut + len(eot_text)]  # drop the template's newline after <|im_end|>
+        ids = np.asarray(tok.encode(text, add_special_tokens=False), dtype=np.int32)
+        p = job.prompt.size
+        if ids.size < p or not np.array_equal(ids[:p], job.prompt):
+            diff = int(np.argmax(ids[: min(p, ids.size)] != job.prompt[: min(p, ids.size)])) if ids.size else 0
+            raise ValueError(f"the chat template renders the prompt differently from its tokens (first difference at token {diff}); use --protocol sglang for token-exact prompts")
+        return ids[p:]
+
+
+async def call(
+    session, base_url: str, protocol, job: Job, attempt: int, headers: dict, extras_off: frozenset[str], max_new: int, timeout=None
+) -> tuple[Outcome, frozenset[str]]:
+    """Send one attempt; return its outcome and the optional fields the server rejected (to drop next time).
+
+    Never raises for HTTP or connection trouble; ``asyncio.CancelledError`` propagates.
+    """
+    import aiohttp
+
+    try:
+        body = protocol.body(job, attempt, extras_off, max_new)
+    except ValueError as exc:
+        return Outcome(FAIL, error=f"row {job.row}: cannot build request ({exc})"), frozenset()
+    try:
+        async with session.post(base_url + protocol.path, data=body, headers=headers, timeout=timeout) as resp:
+            raw = await resp.read()
+            status = resp.status
+    except asyncio.TimeoutError:
+        return Outcome(RETRY, error="timed out waiting for the reply", endpoint_fault=True), frozenset()
+    except aiohttp.ClientConnectorError as exc:
+        return Outcome(RETRY, error=f"connection failed: {_short(exc, 160)}", endpoint_fault=True, refused=True), frozenset()
+    except (aiohttp.ClientError, OSError) as exc:
+        return Outcome(RETRY, error=f"connection error: {type(exc).__name__}: {_short(exc, 160)}", endpoint_fault=True), frozenset()
+    if status != 200:
+        if isinstance(protocol, OpenAIProtocol):
+            rejected = protocol.rejected_extras(status, raw) - extras_off
+            if rejected:
+                return Outcome(RETRY, error=f"HTTP {status}: server rejects {sorted(rejected)}"), rejected
+        return classify_status(status, raw), frozenset()
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return Outcome(RETRY, error=f"reply is not JSON: {_short(raw[:120])}", endpoint_fault=True), frozenset()
+    return protocol.parse(obj, job), frozenset()

@@ -1,0 +1,500 @@
+"""Fleet dispatch: least-outstanding-requests over healthy endpoints, retries, health, draining.
+
+One asyncio loop drives everything: a dispatch loop hands ready jobs to the
+healthy endpoint with the fewest requests in flight (below its cap),
+preferring another endpoint than the one a retry failed on; each attempt is a
+task. Retry rules follow SGLANG.md: backoff on 408/429/5xx/abort/connection
+errors with a fresh ``rid``; 400s and other client errors are recorded as
+failures. An endpoint with ``fail_threshold`` consecutive endpoint faults (or a
+refused connection, or two failed health checks) is taken out: its in-flight
+requests are cancelled and go back to the queue for the others, and it is
+probed back in with ``/health_generate`` (``/health`` for servers without it).
+
+Stopping: ``request_stop()`` (first Ctrl-C / SIGTERM) stops dispatching and
+drains in-flight work; ``request_cancel()`` (second Ctrl-C) cancels it. Rows
+not recorded are simply not in the output and a rerun picks them up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import heapq
+import itertools
+import json
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+from dqa.regen.client import FAIL, LENGTH, OK, RETRY, Job, Outcome, call
+from dqa.regen.journal import Result, encode
+from dqa.regen.progress import EndpointCounts, Progress
+
+STATUS = {OK: "ok", LENGTH: "length", FAIL: "failed"}
+
+
+@dataclass
+class DispatchSettings:
+    """Timing and retry knobs (seconds). Defaults suit long thinking generations on a real fleet."""
+
+    max_in_flight: int = 48
+    max_attempts: int = 6
+    backoff_base: float = 0.5
+    backoff_max: float = 30.0
+    fail_threshold: int = 3
+    health_interval: float = 15.0
+    health_timeout: float = 30.0
+    probe_max_interval: float = 30.0
+    down_deadline: float = 600.0
+    request_timeout: float = 3600.0
+    connect_timeout: float = 10.0
+
+
+class Endpoint:
+    """One server URL and what the dispatcher knows about it."""
+
+    def __init__(self, url: str, name: str, counts: EndpointCounts):
+        self.url = url.rstrip("/")
+        self.name = name  # the URL without credentials: what logs and shards show
+        self.counts = counts
+        self.in_flight = 0
+        self.healthy = False
+        self.fails = 0
+        self.health_fails = 0
+        self.probing = False
+        self.next_check = 0.0
+        self.probe_backoff = 1.0
+        self.health_path = "/health_generate"
+        self.extras_off: frozenset[str] = frozenset()
+        self.tasks: set[asyncio.Task] = set()
+        self.last_error = ""
+        self.ever_healthy = False
+        self.max_len: int | None = None  # the server's context length, when it tells
+
+
+def strip_userinfo(url: str) -> str:
+    """The URL without ``user:password@`` (endpoint names shown and written never carry secrets)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        if parts.port:
+            host += f":{parts.port}"
+        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    return url
+
+
+class Dispatcher:
+    """Runs the selected jobs through the fleet; ``run()`` returns the final state.
+
+    ``source`` yields lists of jobs (blocking reads run in a worker thread);
+    ``sink(frame)`` receives each encoded journal record; ``log(msg)`` gets
+    one-line events (endpoint taken out / back, stopping).
+    """
+
+    def __init__(
+        self,
+        urls: list[str],
+        protocol,
+        source: Iterator[list[Job]],
+        sink: Callable[[bytes], None],
+        progress: Progress,
+        settings: DispatchSettings,
+        headers: dict[str, str] | None = None,
+        model: str = "",
+        log: Callable[[str], None] = lambda m: None,
+        check: Callable[[], str | None] = lambda: None,
+    ):
+        self.protocol = protocol
+        self.source = source
+        self.sink = sink
+        self.progress = progress
+        self.s = settings
+        self.headers = {"Content-Type": "application/json", **(headers or {})}
+        self.model = model
+        self.log = log
+        self.check = check
+        self.endpoints: list[Endpoint] = []
+        for u in urls:
+            name = strip_userinfo(u.rstrip("/"))
+            self.endpoints.append(Endpoint(u, name, progress.endpoints.setdefault(name, EndpointCounts())))
+        self.pending: list[Job] = []  # used as a stack of lists: see _next_job
+        self._pending_pos = 0
+        self.retries: list[tuple[float, int, Job]] = []
+        self._tick = itertools.count()
+        self.exhausted = False
+        self.refilling = False
+        self.stopping = False
+        self.cancelling = False
+        self.fatal: str | None = None
+        self.in_flight = 0
+        self.all_down_since: float | None = time.monotonic()
+        self._sampling_json: dict[tuple[frozenset[str], int], str] = {}
+        self._rng = random.Random(0)
+
+    # -- public control -----------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Stop dispatching and drain in flight (first Ctrl-C); a second call cancels (second Ctrl-C)."""
+        if self.stopping:
+            self.request_cancel()
+            return
+        self.stopping = True
+        self.progress.state = "draining"
+        self.log(f"stopping: draining {self.in_flight} in-flight requests (Ctrl-C again to cancel them)")
+        self.wake.set()
+
+    def request_cancel(self) -> None:
+        self.stopping = True
+        self.cancelling = True
+        self.progress.state = "interrupted"
+        self.wake.set()
+
+    # -- main ---------------------------------------------------------------------------
+    async def run(self) -> str:
+        """Dispatch until done, stopped or failed. Returns ``finished``, ``interrupted`` or ``failed`` (see ``fatal``)."""
+        import aiohttp
+
+        self.loop = asyncio.get_running_loop()
+        self.wake = asyncio.Event()
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=75)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.s.connect_timeout, sock_read=self.s.request_timeout)
+        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar())
+        self._health_timeout = aiohttp.ClientTimeout(total=self.s.health_timeout)
+        ticker = self.loop.create_task(self._ticker())
+        try:
+            await self._dispatch_loop()
+        finally:
+            ticker.cancel()
+            tasks = [t for ep in self.endpoints for t in ep.tasks]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(ticker, *tasks, return_exceptions=True)
+            await self.session.close()
+        if self.fatal:
+            return "failed"
+        return "interrupted" if self.stopping else "finished"
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            self.wake.clear()
+            if self.fatal and not self.stopping:
+                self.stopping = True
+                self.cancelling = True
+            if self.cancelling:
+                for ep in self.endpoints:
+                    for t in list(ep.tasks):
+                        t.cancel()
+                if self.in_flight == 0:
+                    return
+            elif self.stopping:
+                if self.in_flight == 0:
+                    return
+            else:
+                if not self.exhausted and not self.refilling and self._queued() < self._low_water():
+                    self.refilling = True
+                    self.loop.create_task(self._refill())
+                self._dispatch_ready()
+                if self.exhausted and not self.refilling and self._queued() == 0 and not self.retries and self.in_flight == 0:
+                    return
+            await self.wake.wait()
+
+    def _low_water(self) -> int:
+        return max(256, 2 * self.s.max_in_flight * len(self.endpoints))
+
+    def _queued(self) -> int:
+        return len(self.pending) - self._pending_pos
+
+    async def _refill(self) -> None:
+        try:
+            while self._queued() < self._low_water():
+                jobs = await asyncio.to_thread(next, self.source, None)
+                if jobs is None:
+                    self.exhausted = True
+                    break
+                if self._pending_pos:
+                    self.pending = self.pending[self._pending_pos :]
+                    self._pending_pos = 0
+                self.pending.extend(jobs)
+                self.wake.set()
+        except Exception as exc:
+            self.fatal = str(exc) if getattr(exc, "exit_code", None) else f"reading the dataset failed: {exc}"
+            self.fatal_exc = exc
+        finally:
+            self.refilling = False
+            self.wake.set()
+
+    def _next_job(self, now: float) -> tuple[Job | None, bool]:
+        """The next ready job (retries first) and whether it came from the retry heap."""
+        if self.retries and self.retries[0][0] <= now:
+            return self.retries[0][2], True
+        if self._pending_pos < len(self.pending):
+            return self.pending[self._pending_pos], False
+        return None, False
+
+    def _pop(self, from_retry: bool) -> None:
+        if from_retry:
+            heapq.heappop(self.retries)
+        else:
+            self._pending_pos += 1
+
+    def _pick(self, avoid: str | None) -> Endpoint | None:
+        best = None
+        fallback = None
+        for ep in self.endpoints:
+            if not ep.healthy or ep.in_flight >= self.s.max_in_flight:
+                continue
+            if ep.url == avoid:
+                fallback = ep
+                continue
+            if best is None or ep.in_flight < best.in_flight:
+                best = ep
+        return best or fallback
+
+    def _dispatch_ready(self) -> None:
+        now = time.monotonic()
+        while True:
+            job, from_retry = self._next_job(now)
+            if job is None:
+                return
+            if job.error is not None:
+                self._pop(from_retry)
+                self._record_failure(job, None, job.error, 0.0)
+                continue
+            ep = self._pick(job.last_endpoint)
+            if ep is None:
+                return
+            self._pop(from_retry)
+            job.attempts += 1
+            ep.in_flight += 1
+            ep.counts.in_flight += 1
+            self.in_flight += 1
+            self.progress.in_flight += 1
+            task = self.loop.create_task(self._attempt(job, ep))
+            task.add_done_callback(functools.partial(self._finish, job, ep))
+            ep.tasks.add(task)
+
+    # -- one attempt ----------------------------------------------------------------------
+    async def _attempt(self, job: Job, ep: Endpoint) -> tuple[Outcome, frozenset[str], float]:
+        t0 = time.monotonic()
+        max_new = self._max_new(job, ep)
+        if max_new < 1:
+            msg = f"row {job.row}: prompt of {job.prompt.size} tokens leaves no room for output under {ep.name}'s context length {ep.max_len}"
+            return Outcome(FAIL, error=msg), frozenset(), 0.0
+        outcome, rejected = await call(self.session, ep.url, self.protocol, job, job.attempts, self.headers, ep.extras_off, max_new)
+        return outcome, rejected, time.monotonic() - t0
+
+    def _max_new(self, job: Job, ep: Endpoint | None) -> int:
+        """max_new_tokens for this request: the configured limit, capped so prompt + output fit the server's context."""
+        n = self.protocol.sampling.max_new_tokens
+        if ep is not None and ep.max_len:
+            n = min(n, ep.max_len - int(job.prompt.size))
+        return n
+
+    def _finish(self, job: Job, ep: Endpoint, task: asyncio.Task) -> None:
+        """Done callback of an attempt (runs even when the task was cancelled before it started)."""
+        ep.in_flight -= 1
+        ep.counts.in_flight -= 1
+        self.in_flight -= 1
+        self.progress.in_flight -= 1
+        ep.tasks.discard(task)
+        self.wake.set()
+        if task.cancelled():
+            if not self.cancelling:
+                # The endpoint was taken out: the request goes to the others.
+                job.last_endpoint = ep.url
+                self._requeue_now(job)
+            return
+        exc = task.exception()
+        if exc is not None:  # a bug, not server behaviour: retry like a failed attempt, say what happened
+            outcome, rejected, latency = Outcome(RETRY, error=f"client error: {type(exc).__name__}: {exc}"), frozenset(), 0.0
+        else:
+            outcome, rejected, latency = task.result()
+        if rejected:
+            ep.extras_off = ep.extras_off | rejected
+            self.log(f"{ep.name}: server rejects {', '.join(sorted(rejected))}; sending without them")
+            job.attempts -= 1
+            self._requeue_now(job)
+            return
+        kind = outcome.kind
+        if kind == OK or kind == LENGTH:
+            ep.fails = 0
+            self._record(job, ep, outcome, latency)
+            return
+        if kind == FAIL:
+            ep.fails = 0
+            self._record_failure(job, ep, outcome.error or "failed", latency, outcome.finish_reason)
+            return
+        ep.last_error = outcome.error or ""
+        if outcome.endpoint_fault:
+            ep.fails += 1
+            if ep.healthy and (outcome.refused or ep.fails >= self.s.fail_threshold):
+                self._take_out(ep, outcome.error or "failing")
+        if self.stopping:
+            return  # not recorded: a rerun regenerates it
+        if job.attempts >= self.s.max_attempts:
+            self._record_failure(job, ep, f"gave up after {job.attempts} attempts; last: {outcome.error}", latency, outcome.finish_reason)
+            return
+        job.last_endpoint = ep.url
+        delay = min(self.s.backoff_max, self.s.backoff_base * (2 ** (job.attempts - 1))) * (0.75 + 0.5 * self._rng.random())
+        heapq.heappush(self.retries, (time.monotonic() + delay, next(self._tick), job))
+        self.loop.call_later(delay, self.wake.set)
+
+    def _requeue_now(self, job: Job) -> None:
+        heapq.heappush(self.retries, (0.0, next(self._tick), job))
+        self.wake.set()
+
+    # -- recording --------------------------------------------------------------------------
+    def _sampling_for(self, ep: Endpoint | None, job: Job) -> str:
+        """The sampling parameters as sent (JSON), cached per (dropped fields, max_new_tokens)."""
+        off = ep.extras_off if ep is not None else frozenset()
+        max_new = self._max_new(job, ep)
+        key = (off, max_new)
+        s = self._sampling_json.get(key)
+        if s is None:
+            d = self.protocol.sampling.as_dict()
+            d["max_new_tokens"] = max_new
+            if "top_k" in off:
+                d.pop("top_k")
+            s = self._sampling_json[key] = json.dumps(d)
+        return s
+
+    def _record(self, job: Job, ep: Endpoint, outcome: Outcome, latency: float) -> None:
+        status = STATUS[outcome.kind]
+        n = int(outcome.output_ids.size)
+        r = Result(
+            job.row, job.sample_id, job.prompt, outcome.output_ids, status, outcome.finish_reason, None,
+            ep.name, job.attempts, latency, self.protocol.model or self.model, self._sampling_for(ep, job), job.seed, time.time(),
+        )
+        self.sink(encode(r))
+        self.progress.record(status, n)
+        ep.counts.done += 1
+        ep.counts.output_tokens += n
+
+    def _record_failure(self, job: Job, ep: Endpoint | None, error: str, latency: float, finish: str = "") -> None:
+        r = Result(
+            job.row, job.sample_id, job.prompt, np.zeros(0, np.int32), "failed", finish or "", error,
+            ep.name if ep is not None else "", job.attempts, latency, self.protocol.model or self.model, self._sampling_for(ep, job), job.seed, time.time(),
+        )
+        self.sink(encode(r))
+        self.progress.record("failed", 0)
+        if ep is not None:
+            ep.counts.failed += 1
+
+    # -- health -----------------------------------------------------------------------------
+    def _take_out(self, ep: Endpoint, why: str) -> None:
+        ep.healthy = False
+        ep.counts.healthy = False
+        ep.probe_backoff = 1.0
+        ep.next_check = time.monotonic() + ep.probe_backoff
+        moved = 0
+        for t in list(ep.tasks):
+            if not t.done():
+                t.cancel()
+                moved += 1
+        self.log(f"{ep.name}: taken out ({why}); {moved} in-flight requests go to the other endpoints")
+        if not any(e.healthy for e in self.endpoints) and self.all_down_since is None:
+            self.all_down_since = time.monotonic()
+
+    def _bring_in(self, ep: Endpoint) -> None:
+        ep.healthy = True
+        ep.counts.healthy = True
+        ep.fails = 0
+        ep.health_fails = 0
+        if ep.ever_healthy:
+            self.log(f"{ep.name}: healthy again, back in the fleet")
+        ep.ever_healthy = True
+        self.all_down_since = None
+
+    async def _ticker(self) -> None:
+        while True:
+            now = time.monotonic()
+            for ep in self.endpoints:
+                if not ep.probing and now >= ep.next_check:
+                    ep.probing = True
+                    self.loop.create_task(self._probe(ep))
+            if self.all_down_since is not None and not self.stopping:
+                if now - self.all_down_since > self.s.down_deadline:
+                    errs = "; ".join(f"{e.name}: {e.last_error}" for e in self.endpoints if e.last_error)
+                    self.fatal = (
+                        f"all {len(self.endpoints)} endpoints down for more than {self.s.down_deadline:g} s"
+                        f"{f' ({errs[:300]})' if errs else ''}; rerun the same command to resume"
+                    )
+            msg = self.check()
+            if msg and not self.fatal:
+                self.fatal = msg
+            self.wake.set()
+            await asyncio.sleep(0.25)
+
+    async def _probe(self, ep: Endpoint) -> None:
+        try:
+            ok, err = await self._health(ep)
+            if ok and not ep.ever_healthy:
+                await self._discover_model(ep)
+        except Exception as exc:  # a probe never kills the run
+            ok, err = False, f"{type(exc).__name__}: {exc}"
+        finally:
+            ep.probing = False
+        now = time.monotonic()
+        if ok:
+            if not ep.healthy:
+                self._bring_in(ep)
+            ep.health_fails = 0
+            ep.next_check = now + self.s.health_interval
+        elif ep.healthy:
+            ep.health_fails += 1
+            ep.last_error = err
+            if ep.health_fails >= 2:
+                self._take_out(ep, f"health check failed: {err}")
+            else:
+                ep.next_check = now + min(self.s.health_interval, 2.0)
+        else:
+            ep.last_error = err or ep.last_error
+            ep.probe_backoff = min(ep.probe_backoff * 2, self.s.probe_max_interval)
+            ep.next_check = now + ep.probe_backoff
+        self.wake.set()
+
+    async def _health(self, ep: Endpoint) -> tuple[bool, str]:
+        import aiohttp
+
+        headers = {k: v for k, v in self.headers.items() if k != "Content-Type"}
+        for _ in range(2):
+            try:
+                async with self.session.get(ep.url + ep.health_path, headers=headers, timeout=self._health_timeout) as r:
+                    await r.read()
+                    status = r.status
+            except asyncio.TimeoutError:
+                return False, f"{ep.health_path} timed out"
+            except (aiohttp.ClientError, OSError) as exc:
+                return False, f"{ep.health_path}: {type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
+            if status == 404 and ep.health_path == "/health_generate":
+                ep.health_path = "/health"  # servers without it (transformers serve)
+                continue
+            return status == 200, f"{ep.health_path} HTTP {status}"
+        return False, "no health endpoint"
+
+    async def _discover_model(self, ep: Endpoint) -> None:
+        """Learn the served model name (when not given) and the context length of the endpoint."""
+        headers = {k: v for k, v in self.headers.items() if k != "Content-Type"}
+        for path in ("/v1/models", "/model_info", "/get_model_info"):
+            try:
+                async with self.session.get(ep.url + path, headers=headers, timeout=self._health_timeout) as r:
+                    if r.status != 200:
+                        continue
+                    obj = json.loads(await r.read())
+            except Exception:
+                continue
+            info = obj["data"][0] if isinstance(obj, dict) and isinstance(obj.get("data"), list) and obj["data"] else obj
+            if not isinstance(info, dict):
+                continue
+            name = info.get("id") or info.get("served_model_name") or info.get("model_path")
+            if name and not self.protocol.model:
+                self.protocol.model = str(name)
+            n = info.get("max_model_len") or info.get("context_length")
+            if isinstance(n, int) and n > 0:
+                ep.max_len = n
+            if name:
+                return

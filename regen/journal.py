@@ -1,0 +1,379 @@
+"""Durable regen output: an append-only journal compacted into parquet shards, exactly once.
+
+Every finished row (ok, length or failed) is encoded as one record and
+appended to the open journal segment ``journal/<tag>-<seq>.log``; a writer
+thread group-commits (one ``write`` + ``fdatasync``) every ~100 ms. A record is
+``u32 length, u32 crc32, payload``; a torn or corrupt tail (kill -9 mid-write)
+is detected by length/CRC and discarded on resume.
+
+When a segment holds ``shard_rows`` records (or is ``shard_seconds`` old) it
+is compacted into ``shards/part-<tag>-<seq>.parquet`` through ``dqa.atomic``
+(temp file + rename) and then deleted. A shard and its segment share ``seq``,
+so a crash between the rename and the delete is repaired on resume by deleting
+the segment: no record can land in two shards, and no row is written twice.
+
+Shard columns follow FORMATS.md (``dqa regen`` output folder).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from dqa.atomic import atomic_path, fsync_dir, remove_stale_temps
+
+FRAME = struct.Struct("<II")
+FIXED = struct.Struct("<qqiiidd")  # row, seed, n_prompt, n_output, attempts, latency_s, completed_at
+SEGMENT_RE = re.compile(r"^(?P<tag>.+)-(?P<seq>\d{6,})\.log$")
+SHARD_RE = re.compile(r"^part-(?P<tag>.+)-(?P<seq>\d{6,})\.parquet$")
+
+
+@dataclass
+class Result:
+    """One finished row, as it goes into a shard."""
+
+    row: int
+    sample_id: str | None
+    prompt: np.ndarray
+    output: np.ndarray
+    status: str  # ok | length | failed
+    finish_reason: str
+    error: str | None
+    endpoint: str
+    attempts: int
+    latency_s: float
+    model: str
+    sampling: str
+    seed: int
+    completed_at: float
+
+
+def encode(r: Result) -> bytes:
+    """One framed journal record for ``r``."""
+    prompt = np.ascontiguousarray(r.prompt, dtype=np.int32)
+    output = np.ascontiguousarray(r.output, dtype=np.int32)
+    meta = json.dumps([r.sample_id, r.status, r.finish_reason, r.error, r.endpoint, r.model, r.sampling]).encode()
+    payload = b"".join(
+        (
+            FIXED.pack(r.row, r.seed, prompt.size, output.size, r.attempts, r.latency_s, r.completed_at),
+            prompt.tobytes(),
+            output.tobytes(),
+            meta,
+        )
+    )
+    return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def decode_segment(data: bytes) -> tuple[list[Result], int]:
+    """Records of a segment, and how many trailing bytes were torn or corrupt (discarded)."""
+    out: list[Result] = []
+    pos, n = 0, len(data)
+    while pos + FRAME.size <= n:
+        length, crc = FRAME.unpack_from(data, pos)
+        start, end = pos + FRAME.size, pos + FRAME.size + length
+        if end > n or length < FIXED.size:
+            break
+        payload = data[start:end]
+        if zlib.crc32(payload) != crc:
+            break
+        row, seed, n_prompt, n_out, attempts, latency, done_at = FIXED.unpack_from(payload, 0)
+        off = FIXED.size
+        prompt = np.frombuffer(payload, dtype=np.int32, count=n_prompt, offset=off)
+        off += 4 * n_prompt
+        output = np.frombuffer(payload, dtype=np.int32, count=n_out, offset=off)
+        off += 4 * n_out
+        sid, status, finish, error, endpoint, model, sampling = json.loads(payload[off:])
+        out.append(Result(row, sid, prompt, output, status, finish, error, endpoint, attempts, latency, model, sampling, seed, done_at))
+        pos = end
+    return out, n - pos
+
+
+def shard_schema():
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("row", pa.int64()),
+            ("id", pa.string()),
+            ("input_ids", pa.list_(pa.int32())),
+            ("loss_mask", pa.list_(pa.uint8())),
+            ("prompt_len", pa.int32()),
+            ("output_tokens", pa.int32()),
+            ("status", pa.string()),
+            ("finish_reason", pa.string()),
+            ("error", pa.string()),
+            ("endpoint", pa.string()),
+            ("attempts", pa.int32()),
+            ("latency_s", pa.float64()),
+            ("model", pa.string()),
+            ("sampling", pa.string()),
+            ("seed", pa.int64()),
+            ("completed_at", pa.timestamp("us", tz="UTC")),
+        ]
+    )
+
+
+def results_table(results: list[Result]):
+    """A pyarrow Table in the shard schema: ``input_ids`` = prompt + output, ``loss_mask`` 0 then 1."""
+    import pyarrow as pa
+
+    p_len = np.fromiter((r.prompt.size for r in results), dtype=np.int64, count=len(results))
+    o_len = np.fromiter((r.output.size for r in results), dtype=np.int64, count=len(results))
+    parts: list[np.ndarray] = []
+    for r in results:
+        parts.append(r.prompt)
+        parts.append(r.output)
+    values = np.concatenate(parts).astype(np.int32, copy=False) if parts else np.zeros(0, np.int32)
+    offsets = np.zeros(len(results) + 1, dtype=np.int32)
+    np.cumsum(p_len + o_len, out=offsets[1:])
+    mask = np.ones(values.size, dtype=np.uint8)
+    # Zero the prompt span of each row: mark span starts/ends and take a running sum.
+    edges = np.zeros(values.size + 1, dtype=np.int32)
+    np.add.at(edges, offsets[:-1], 1)
+    np.add.at(edges, offsets[:-1] + p_len, -1)
+    mask[np.cumsum(edges[:-1]) > 0] = 0
+    cols = {
+        "row": pa.array([r.row for r in results], pa.int64()),
+        "id": pa.array([r.sample_id for r in results], pa.string()),
+        "input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.int32())),
+        "loss_mask": pa.ListArray.from_arrays(pa.array(offsets), pa.array(mask, pa.uint8())),
+        "prompt_len": pa.array(p_len.astype(np.int32)),
+        "output_tokens": pa.array(o_len.astype(np.int32)),
+        "status": pa.array([r.status for r in results], pa.string()),
+        "finish_reason": pa.array([r.finish_reason for r in results], pa.string()),
+        "error": pa.array([r.error for r in results], pa.string()),
+        "endpoint": pa.array([r.endpoint for r in results], pa.string()),
+        "attempts": pa.array([r.attempts for r in results], pa.int32()),
+        "latency_s": pa.array([r.latency_s for r in results], pa.float64()),
+        "model": pa.array([r.model for r in results], pa.string()),
+        "sampling": pa.array([r.sampling for r in results], pa.string()),
+        "seed": pa.array([r.seed for r in results], pa.int64()),
+        "completed_at": pa.array(np.array([int(r.completed_at * 1e6) for r in results], dtype="datetime64[us]"), pa.timestamp("us", tz="UTC")),
+    }
+    return pa.table(cols, schema=shard_schema())
+
+
+def write_table(path: Path, table) -> None:
+    """Write a shard atomically (temp file + fsync + rename)."""
+    import pyarrow.parquet as pq
+
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+
+
+def shard_path(out: Path, tag: str, seq: int) -> Path:
+    return out / "shards" / f"part-{tag}-{seq:06d}.parquet"
+
+
+def list_shards(out: Path) -> list[Path]:
+    d = out / "shards"
+    return sorted(p for p in d.glob("part-*.parquet") if SHARD_RE.match(p.name)) if d.is_dir() else []
+
+
+@dataclass
+class Recovery:
+    """What an output folder already holds."""
+
+    rows: np.ndarray  # sorted rows recorded in shards
+    statuses: np.ndarray  # status per row (aligned with rows)
+    output_tokens: int
+    next_seq: int
+    recovered_records: int  # journal records compacted on this resume
+    torn_bytes: int  # discarded torn tail bytes
+    dropped_duplicates: int
+
+
+def read_done(out: Path) -> tuple[np.ndarray, np.ndarray, int]:
+    """Rows, statuses and total output tokens recorded in the folder's shards (rows sorted)."""
+    import pyarrow.parquet as pq
+
+    rows, statuses, toks = [], [], 0
+    for p in list_shards(out):
+        t = pq.read_table(p, columns=["row", "status", "output_tokens"])
+        rows.append(t.column("row").to_numpy())
+        statuses.append(np.asarray(t.column("status").to_pylist(), dtype=object))
+        toks += int(np.asarray(t.column("output_tokens").to_numpy(), dtype=np.int64).sum())
+    if not rows:
+        return np.zeros(0, np.int64), np.zeros(0, object), 0
+    r = np.concatenate(rows)
+    s = np.concatenate(statuses)
+    order = np.argsort(r, kind="stable")
+    return r[order], s[order], toks
+
+
+def recover(out: Path) -> Recovery:
+    """Make ``out`` consistent after any crash and report what it holds.
+
+    Removes stray temp files, deletes segments already compacted, compacts the
+    valid records of the others (dropping a torn tail and rows already in a
+    shard). Raises ``OSError`` on I/O failure.
+    """
+    (out / "shards").mkdir(parents=True, exist_ok=True)
+    (out / "journal").mkdir(parents=True, exist_ok=True)
+    for d in (out, out / "shards", out / "journal"):
+        remove_stale_temps(d)
+    seqs = [int(SHARD_RE.match(p.name)["seq"]) for p in list_shards(out)]
+    done, _, _ = read_done(out)
+    seen = set(done.tolist()) if done.size < 5_000_000 else None
+    recovered = torn = dropped = 0
+    for seg in sorted((out / "journal").glob("*.log")):
+        m = SEGMENT_RE.match(seg.name)
+        if not m:
+            continue
+        tag, seq = m["tag"], int(m["seq"])
+        seqs.append(seq)
+        target = shard_path(out, tag, seq)
+        if not target.exists():
+            records, t = decode_segment(seg.read_bytes())
+            torn += t
+            keep = []
+            for r in records:
+                if seen is not None and r.row in seen:
+                    dropped += 1
+                    continue
+                if seen is not None:
+                    seen.add(r.row)
+                keep.append(r)
+            if keep:
+                write_table(target, results_table(keep))
+                recovered += len(keep)
+        seg.unlink()
+        fsync_dir(out / "journal")
+    rows, statuses, toks = read_done(out)
+    return Recovery(rows, statuses, toks, (max(seqs) + 1) if seqs else 0, recovered, torn, dropped)
+
+
+def drop_failed(out: Path) -> list[Path]:
+    """Rewrite shards without their ``failed`` rows (for ``--retry-failed``); return the rewritten shards."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    changed = []
+    for p in list_shards(out):
+        t = pq.read_table(p)
+        keep = pc.not_equal(t.column("status"), "failed")
+        if not pc.all(keep).as_py():
+            write_table(p, t.filter(keep))
+            changed.append(p)
+    return changed
+
+
+class Journal:
+    """The writer side: append records from the event loop; a thread makes them durable and closes shards.
+
+    ``on_shard(path)`` runs in the writer thread after each shard appears.
+    ``error`` holds the exception that stopped the writer (disk full ...), if any.
+    """
+
+    def __init__(
+        self,
+        out: Path,
+        tag: str,
+        seq: int,
+        shard_rows: int = 20_000,
+        shard_seconds: float = 300.0,
+        commit_interval: float = 0.1,
+        on_shard: Callable[[Path], None] | None = None,
+    ):
+        self.out = out
+        self.tag = tag
+        self.seq = seq
+        self.shard_rows = shard_rows
+        self.shard_seconds = shard_seconds
+        self.commit_interval = commit_interval
+        self.on_shard = on_shard
+        self.error: BaseException | None = None
+        self.durable = 0  # records made durable so far (this session)
+        self._buf: list[bytes] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = False
+        self._fd: int | None = None
+        self._seg_records = 0
+        self._seg_opened = 0.0
+        self._thread = threading.Thread(target=self._run, name="dqa-journal", daemon=True)
+
+    # -- event-loop side --------------------------------------------------------------
+    def start(self) -> None:
+        self._open_segment()
+        self._thread.start()
+
+    def append(self, frame: bytes) -> None:
+        with self._lock:
+            self._buf.append(frame)
+
+    def close(self) -> None:
+        """Commit everything, compact the open segment into a shard, stop the thread. Re-raises a writer error."""
+        self._stop = True
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+    # -- writer thread ----------------------------------------------------------------
+    def _segment_path(self) -> Path:
+        return self.out / "journal" / f"{self.tag}-{self.seq:06d}.log"
+
+    def _open_segment(self) -> None:
+        self._fd = os.open(self._segment_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fsync_dir(self.out / "journal")
+        self._seg_records = 0
+        self._seg_opened = time.monotonic()
+
+    def _commit(self) -> None:
+        with self._lock:
+            frames, self._buf = self._buf, []
+        if not frames:
+            return
+        data = b"".join(frames)
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)  # type: ignore[arg-type]
+            view = view[n:]
+        os.fdatasync(self._fd)  # type: ignore[arg-type]
+        self._seg_records += len(frames)
+        self.durable += len(frames)
+
+    def _rotate(self, reopen: bool) -> None:
+        seg = self._segment_path()
+        os.close(self._fd)  # type: ignore[arg-type]
+        self._fd = None
+        closed: Path | None = None
+        if self._seg_records:
+            records, _ = decode_segment(seg.read_bytes())
+            closed = shard_path(self.out, self.tag, self.seq)
+            write_table(closed, results_table(records))
+        seg.unlink()
+        fsync_dir(self.out / "journal")
+        if closed is not None or reopen:
+            self.seq += 1
+        if reopen:
+            self._open_segment()
+        if closed is not None and self.on_shard is not None:
+            self.on_shard(closed)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop:
+                self._wake.wait(self.commit_interval)
+                self._wake.clear()
+                self._commit()
+                full = self._seg_records >= self.shard_rows
+                old = self._seg_records and time.monotonic() - self._seg_opened >= self.shard_seconds
+                if full or old:
+                    self._rotate(reopen=True)
+            self._commit()
+            self._rotate(reopen=False)
+        except BaseException as exc:  # surfaced to the run through .error
+            self.error = exc

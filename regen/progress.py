@@ -1,0 +1,153 @@
+"""Live figures of a regen run: counts, rates, ETA, cost; ``progress.json`` and the terminal display.
+
+Rates come from measured counts over a sliding window (last 60 s) of this
+session; ``done``/``ok``/... include rows finished by earlier sessions of the
+same output folder, and ``elapsed_s``/``cost_so_far`` add up all sessions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+WINDOW_S = 60.0
+
+
+@dataclass
+class EndpointCounts:
+    healthy: bool = False
+    in_flight: int = 0
+    done: int = 0
+    failed: int = 0
+    output_tokens: int = 0
+
+
+@dataclass
+class Progress:
+    """Counters updated by the dispatcher; ``snapshot()`` is the progress.json object (FORMATS.md)."""
+
+    total: int
+    gpus: int = 1
+    gpu_hour_cost: float = 0.0
+    prior_elapsed_s: float = 0.0
+    done: int = 0
+    ok: int = 0
+    failed: int = 0
+    truncated: int = 0
+    in_flight: int = 0
+    output_tokens: int = 0
+    session_done: int = 0
+    session_output_tokens: int = 0
+    state: str = "running"
+    endpoints: dict[str, EndpointCounts] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+    _samples: deque = field(default_factory=deque)
+
+    def add_prior(self, ok: int, failed: int, truncated: int, output_tokens: int) -> None:
+        """Count rows finished by earlier sessions."""
+        self.ok += ok
+        self.failed += failed
+        self.truncated += truncated
+        self.done += ok + failed + truncated
+        self.output_tokens += output_tokens
+
+    def record(self, status: str, output_tokens: int) -> None:
+        self.done += 1
+        self.session_done += 1
+        self.output_tokens += output_tokens
+        self.session_output_tokens += output_tokens
+        if status == "ok":
+            self.ok += 1
+        elif status == "length":
+            self.truncated += 1
+        else:
+            self.failed += 1
+
+    def _rates(self, now: float) -> tuple[float, float]:
+        s = self._samples
+        s.append((now, self.session_done, self.session_output_tokens))
+        while len(s) > 2 and now - s[0][0] > WINDOW_S:
+            s.popleft()
+        t0, d0, k0 = s[0]
+        if now - t0 < 1.0:  # too short a window: use the whole session
+            t0, d0, k0 = self.started, 0, 0
+        dt = max(now - t0, 1e-9)
+        return (self.session_done - d0) / dt, (self.session_output_tokens - k0) / dt
+
+    def snapshot(self) -> dict[str, Any]:
+        now = time.monotonic()
+        req_s, tok_s = self._rates(now)
+        elapsed = self.prior_elapsed_s + (now - self.started)
+        remaining = max(self.total - self.done, 0)
+        eta = remaining / req_s if req_s > 0 else None
+        rate = self.gpus * self.gpu_hour_cost / 3600.0
+        cost = elapsed * rate
+        mean_out = self.output_tokens / self.done if self.done else 0.0
+        return {
+            "state": self.state,
+            "total": self.total,
+            "done": self.done,
+            "ok": self.ok,
+            "failed": self.failed,
+            "truncated": self.truncated,
+            "in_flight": self.in_flight,
+            "elapsed_s": round(elapsed, 3),
+            "req_per_s": round(req_s, 3),
+            "output_tok_per_s": round(tok_s, 1),
+            "mean_output_tokens": round(mean_out, 1),
+            "eta_s": round(eta, 1) if eta is not None else (0.0 if remaining == 0 else None),
+            "gpus": self.gpus,
+            "gpu_hour_cost": self.gpu_hour_cost,
+            "cost_so_far": round(cost, 4),
+            "cost_projected": round(cost + (eta or 0.0) * rate, 4) if (eta is not None or remaining == 0) else None,
+            "endpoints": {
+                url: {"healthy": e.healthy, "in_flight": e.in_flight, "done": e.done, "failed": e.failed, "output_tokens": e.output_tokens}
+                for url, e in self.endpoints.items()
+            },
+            "updated_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+
+
+def _dur(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = int(s)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s"
+
+
+def render(snap: dict[str, Any]):
+    """A rich renderable of a snapshot: one summary line and a per-endpoint table."""
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+
+    total = max(snap["total"], 1)
+    head = Table.grid(padding=(0, 1))
+    head.add_row(
+        ProgressBar(total=total, completed=snap["done"], width=30),
+        f"{snap['done']:,}/{snap['total']:,}",
+        f"[green]ok {snap['ok']:,}[/] [yellow]length {snap['truncated']:,}[/] [red]failed {snap['failed']:,}[/]",
+        f"{snap['state']}",
+    )
+    cost = ""
+    if snap["gpu_hour_cost"]:
+        proj = snap["cost_projected"]
+        cost = f" | cost ${snap['cost_so_far']:,.2f} -> ${proj:,.2f}" if proj is not None else f" | cost ${snap['cost_so_far']:,.2f}"
+    line = (
+        f"{snap['req_per_s']:.1f} req/s | {snap['output_tok_per_s']:,.0f} out tok/s | mean out {snap['mean_output_tokens']:,.0f} tok"
+        f" | in flight {snap['in_flight']} | elapsed {_dur(snap['elapsed_s'])} | ETA {_dur(snap['eta_s'])}{cost}"
+    )
+    eps = Table(box=None, padding=(0, 1), show_edge=False)
+    for c in ("endpoint", "health", "in flight", "done", "failed", "out tokens"):
+        eps.add_column(c, justify="left" if c == "endpoint" else "right")
+    for url, e in snap["endpoints"].items():
+        eps.add_row(url, "[green]up[/]" if e["healthy"] else "[red]down[/]", str(e["in_flight"]), f"{e['done']:,}", f"{e['failed']:,}", f"{e['output_tokens']:,}")
+    grid = Table.grid()
+    grid.add_row(head)
+    grid.add_row(line)
+    grid.add_row(eps)
+    return grid

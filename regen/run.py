@@ -1,0 +1,415 @@
+"""``regenerate(config)``: the whole ``dqa regen`` run, callable in-process (CLI, ``dqa plan --calibrate``, benchmarks).
+
+Order of work: check options and the fleet, open the dataset and the template,
+select rows, lock and check the output folder (refuse one made for another
+dataset, selection or sampling), recover it after any crash, then dispatch the
+rows not yet recorded, journaling each finished row, and finally compact the
+journal into shards and write ``progress.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from dqa import atomic
+from dqa.errors import EXIT_OK, EXIT_RUNTIME, InputError, UsageError
+from dqa.regen.client import OpenAIProtocol, Sampling, SglangProtocol
+from dqa.regen.dispatch import DispatchSettings, Dispatcher, strip_userinfo
+from dqa.regen.journal import Journal, drop_failed, list_shards, recover
+from dqa.regen.progress import Progress, render
+from dqa.regen.selection import default_findings, iter_jobs, parse_shard, select_rows
+from dqa.regen.upload import Target, Uploader, is_url, local_path, pull_shards, stage_dir
+
+RUN_VERSION = 1
+
+
+@dataclass
+class RegenConfig:
+    """Every option of ``dqa regen``; defaults are the CLI's defaults.
+
+    ``endpoints`` or ``fleet`` (a fleet file from ``dqa fleet up``) names the
+    servers. ``out`` is a folder or an fsspec URL. Sampling defaults follow
+    Qwen3's recommendation for thinking mode (temperature 0.6, top_p 0.95,
+    top_k 20); ``max_new_tokens`` 8192 covers the long tail of thinking traces
+    (the seed run averaged ~2.3K output tokens) and must fit the servers'
+    context length together with the prompt.
+    """
+
+    dataset: str
+    out: str
+    endpoints: list[str] = field(default_factory=list)
+    fleet: str | None = None
+    failed_only: bool = True
+    findings: str | None = None
+    reasons: list[str] | None = None
+    limit: int | None = None
+    protocol: str | None = None  # sglang | openai; default: the fleet file's, else sglang
+    model: str | None = None
+    api_key_env: str | None = None
+    max_in_flight: int = 48
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = 20
+    max_new_tokens: int = 8192
+    shard: str | None = None
+    gpu_hour_cost: float = 0.0
+    gpus: int | None = None
+    mirror: list[str] = field(default_factory=list)
+    tokenizer: str | None = "qwen3"
+    retry_failed: bool = False
+    seed_base: int = 0
+    # durability and timing
+    shard_rows: int = 20_000
+    shard_seconds: float = 300.0
+    commit_interval: float = 0.1
+    progress_interval: float = 2.0
+    max_attempts: int = 6
+    request_timeout: float = 3600.0
+    connect_timeout: float = 10.0
+    health_interval: float = 15.0
+    health_timeout: float = 30.0
+    down_deadline: float = 600.0
+    backoff_base: float = 0.5
+    backoff_max: float = 30.0
+    fail_threshold: int = 3
+    # presentation
+    live: bool | None = None  # None: a live display when stderr is a terminal
+    log: Callable[[str], None] | None = None  # one-line events; default: print to stderr
+    install_signal_handlers: bool = True
+
+
+@dataclass
+class RunResult:
+    """How a run ended: ``exit_code`` 0 (all selected rows recorded) or 3 (interrupted / fleet down)."""
+
+    exit_code: int
+    state: str
+    progress: dict[str, Any]
+    out: str
+    message: str = ""
+    shards: list[str] = field(default_factory=list)
+
+
+def load_fleet(path: str) -> dict[str, Any]:
+    """Read a fleet file (FORMATS.md). Raises ``InputError`` when missing or malformed."""
+    p = Path(path)
+    try:
+        obj = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such fleet file (write one with `dqa fleet up`)") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{p}: not a JSON fleet file ({exc})") from None
+    eps = obj.get("endpoints") if isinstance(obj, dict) else None
+    if not isinstance(eps, list) or not eps or not all(isinstance(e, dict) and isinstance(e.get("url"), str) for e in eps):
+        raise InputError(f"{p}: expected 'endpoints': a non-empty list of objects with a 'url'")
+    return obj
+
+
+def _gpus_of_fleet(fleet: dict[str, Any]) -> int:
+    n = 0
+    for e in fleet["endpoints"]:
+        g = e.get("gpu")
+        n += len([x for x in str(g).split(",") if x.strip()]) if g not in (None, "") else 1
+    return max(n, 1)
+
+
+def _dataset_identity(ds, num_rows: int) -> dict[str, Any]:
+    base = ds.path if ds.path.is_dir() else ds.path.parent
+    files = []
+    for f in ds.files:
+        try:
+            rel = str(f.relative_to(base))
+        except ValueError:
+            rel = f.name
+        files.append([rel, f.stat().st_size])
+    return {"name": ds.name, "format": ds.format, "rows": num_rows, "files": files}
+
+
+def _count_rows(ds) -> int:
+    n = ds.num_rows
+    if n is None:
+        n = sum(b.num_rows for b in ds.batches())
+    return int(n)
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    fh = open(folder / ".lock", "a+")
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.close()
+        raise InputError(f"{folder}: another dqa regen is writing to this folder; wait for it or use another --out") from None
+    try:
+        yield
+    finally:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+        fh.close()
+
+
+def _check_identity(run_json: Path, identity: dict[str, Any]) -> None:
+    """Refuse (``InputError``, exit 2) to resume into a folder made for another dataset, selection or sampling."""
+    if not run_json.is_file():
+        return
+    try:
+        old = json.loads(run_json.read_text()).get("identity", {})
+    except (OSError, ValueError):
+        raise InputError(f"{run_json}: unreadable; this folder was not made by dqa regen (use another --out)") from None
+    for key in ("dataset", "selection", "sampling"):
+        if old.get(key) != identity[key]:
+            raise InputError(
+                f"{run_json.parent}: made for a different {key} ({json.dumps(old.get(key), sort_keys=True)[:160]}); "
+                f"use another --out, or rerun with the original options to resume"
+            )
+
+
+def _default_log(msg: str) -> None:
+    print(f"dqa regen: {msg}", file=sys.stderr, flush=True)
+
+
+def regenerate(config: RegenConfig) -> RunResult:
+    """Run (or resume) a regeneration and return how it ended.
+
+    Raises ``InputError``/``UsageError`` (exit 2) for bad options, inputs, or an
+    output folder made for another run; ``RuntimeFailure`` (exit 3) when shards
+    cannot be copied to ``--out``/``--mirror`` URLs. An interrupted run or a
+    fleet down past the deadline is not raised: ``RunResult.exit_code`` is 3.
+    """
+    c = config
+    log = c.log or _default_log
+    from dqa.audit.readers import open_dataset
+    from dqa.audit.template import load_template
+
+    # --- options and fleet -------------------------------------------------------------
+    if bool(c.endpoints) == bool(c.fleet):
+        raise UsageError("give --endpoint URL (repeatable) or --fleet FILE, not both and not neither")
+    fleet = load_fleet(c.fleet) if c.fleet else None
+    urls = [e["url"] for e in fleet["endpoints"]] if fleet else list(c.endpoints)
+    for u in urls:
+        if not u.startswith(("http://", "https://")):
+            raise UsageError(f"endpoint {u!r}: expected an http:// or https:// URL")
+    urls = list(dict.fromkeys(u.rstrip("/") for u in urls))
+    protocol_name = c.protocol or (fleet or {}).get("protocol") or "sglang"
+    if protocol_name not in ("sglang", "openai"):
+        raise UsageError(f"--protocol {protocol_name!r}: expected sglang or openai")
+    model = c.model or (fleet or {}).get("model") or ""
+    if c.max_in_flight < 1:
+        raise UsageError("--max-in-flight must be >= 1")
+    if c.max_new_tokens < 1:
+        raise UsageError("--max-new-tokens must be >= 1")
+    headers: dict[str, str] = {}
+    if c.api_key_env:
+        key = os.environ.get(c.api_key_env)
+        if not key:
+            raise UsageError(f"--api-key-env {c.api_key_env}: that environment variable is not set")
+        headers["Authorization"] = f"Bearer {key}"
+    gpus = c.gpus if c.gpus is not None else (_gpus_of_fleet(fleet) if fleet else len(urls))
+    shard = parse_shard(c.shard)
+
+    # --- dataset, template, selection ----------------------------------------------------
+    ds = open_dataset(c.dataset)
+    spec = load_template(c.tokenizer)
+    num_rows = _count_rows(ds)
+    findings = Path(c.findings) if c.findings else default_findings(ds.name)
+    rows_all = select_rows(num_rows, findings if c.failed_only else None, c.failed_only, c.reasons, (0, 1), None)
+    rows = select_rows(num_rows, findings if c.failed_only else None, c.failed_only, c.reasons, shard, c.limit)
+    sampling = Sampling(c.temperature, c.top_p, c.top_k, c.max_new_tokens)
+    identity = {
+        "dataset": _dataset_identity(ds, num_rows),
+        "selection": {
+            "failed_only": c.failed_only,
+            "reasons": sorted(c.reasons) if c.reasons else None,
+            "rows_sha256": hashlib.sha256(np.ascontiguousarray(rows_all, dtype="<i8").tobytes()).hexdigest(),
+            "shard": f"{shard[0]}/{shard[1]}",
+        },
+        "sampling": {**sampling.as_dict(), "seed_base": c.seed_base, "template": list(spec.assistant_header)},
+    }
+
+    if protocol_name == "openai":
+        if spec.tokenizer_dir is None:
+            raise UsageError("--protocol openai renders replies with the chat template: give --tokenizer PATH (a folder with tokenizer.json)")
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(spec.tokenizer_dir))
+        if not getattr(tok, "chat_template", None):
+            raise InputError(f"{spec.tokenizer_dir}: tokenizer has no chat template; --protocol openai needs one")
+        protocol = OpenAIProtocol(sampling, tok, spec.turn_start, spec.eot, model)
+    else:
+        protocol = SglangProtocol(sampling, model)
+
+    # --- output folder -------------------------------------------------------------------
+    remote = is_url(c.out)
+    out = stage_dir(c.out) if remote else local_path(c.out)
+    targets = ([Target(c.out)] if remote else []) + [Target(m) for m in c.mirror]
+    shard_tag = f"s{shard[0]}of{shard[1]}"
+    with _locked(out):
+        if remote:
+            if not (out / "run.json").is_file() and targets[0].exists("run.json"):
+                targets[0].get("run.json", out / "run.json")
+            _check_identity(out / "run.json", identity)
+            (out / "shards").mkdir(parents=True, exist_ok=True)
+            pulled = pull_shards(targets[0], out)
+            if pulled:
+                log(f"pulled {pulled} shards from {c.out}")
+        else:
+            _check_identity(out / "run.json", identity)
+        rec = recover(out)
+        if rec.torn_bytes or rec.recovered_records or rec.dropped_duplicates:
+            log(
+                f"resumed {out}: compacted {rec.recovered_records} journaled rows"
+                + (f", discarded a torn tail of {rec.torn_bytes} bytes" if rec.torn_bytes else "")
+                + (f", dropped {rec.dropped_duplicates} duplicate records" if rec.dropped_duplicates else "")
+            )
+        uploader = Uploader(targets)
+        if c.retry_failed:
+            for p in drop_failed(out):
+                uploader.submit(p)
+            rec = recover(out)
+        run_info = {
+            "version": RUN_VERSION,
+            "identity": identity,
+            "dataset_path": str(Path(c.dataset).resolve()),
+            "findings": str(findings) if c.failed_only else None,
+            "limit": c.limit,
+            "protocol": protocol_name,
+            "model": model or None,
+            "endpoints": [strip_userinfo(u) for u in urls],
+            "max_in_flight": c.max_in_flight,
+            "gpus": gpus,
+            "gpu_hour_cost": c.gpu_hour_cost,
+            "tokenizer": c.tokenizer,
+            "mirror": [strip_userinfo(m) for m in c.mirror],
+            "updated_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        atomic.write_json(out / "run.json", run_info)
+        uploader.put_now(out / "run.json", "run.json")
+
+        done_mask = np.isin(rows, rec.rows)
+        todo = rows[~done_mask]
+        progress = Progress(total=int(rows.size), gpus=gpus, gpu_hour_cost=c.gpu_hour_cost)
+        if rec.rows.size:
+            st = rec.statuses[np.isin(rec.rows, rows)]
+            progress.add_prior(int((st == "ok").sum()), int((st == "failed").sum()), int((st == "length").sum()), rec.output_tokens)
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                progress.prior_elapsed_s = float(json.loads((out / "progress.json").read_text()).get("elapsed_s") or 0.0)
+
+        journal = Journal(out, shard_tag, rec.next_seq, c.shard_rows, c.shard_seconds, c.commit_interval, on_shard=uploader.submit)
+        settings = DispatchSettings(
+            max_in_flight=c.max_in_flight,
+            max_attempts=c.max_attempts,
+            backoff_base=c.backoff_base,
+            backoff_max=c.backoff_max,
+            fail_threshold=c.fail_threshold,
+            health_interval=c.health_interval,
+            health_timeout=c.health_timeout,
+            down_deadline=c.down_deadline,
+            request_timeout=c.request_timeout,
+            connect_timeout=c.connect_timeout,
+        )
+        source = iter_jobs(ds, todo, spec.assistant_header, c.seed_base)
+        journal.start()
+
+        def journal_error() -> str | None:
+            if journal.error is not None:
+                return f"{out}: writing the journal failed ({journal.error}); rerun the same command to resume"
+            return None
+
+        dispatcher = Dispatcher(
+            urls, protocol, source, journal.append, progress, settings,
+            headers=headers, model=model, log=log, check=journal_error,
+        )
+        live = c.live if c.live is not None else (sys.stderr.isatty() and os.environ.get("TERM") != "dumb")
+        try:
+            state = asyncio.run(_drive(dispatcher, progress, out, c, live))
+        finally:
+            journal_exc = None
+            try:
+                journal.close()
+            except BaseException as exc:  # disk full etc.
+                journal_exc = exc
+        if journal_exc is not None:
+            from dqa.errors import RuntimeFailure
+
+            raise RuntimeFailure(f"{out}: writing results failed ({journal_exc}); rerun the same command to resume")
+        fatal_exc = getattr(dispatcher, "fatal_exc", None)
+        if isinstance(fatal_exc, InputError):
+            raise fatal_exc
+        progress.state = {"finished": "finished", "interrupted": "interrupted", "failed": "failed"}[state]
+        snap = progress.snapshot()
+        atomic.write_json(out / "progress.json", snap)
+        uploader.put_now(out / "progress.json", "progress.json")
+        shards = list_shards(out)
+        uploader.sync(shards)
+        if uploader.errors:
+            log(f"could not copy {len(uploader.errors)} files: {uploader.errors[0]}")
+    if state == "finished":
+        return RunResult(EXIT_OK, "finished", snap, c.out, "", [str(p) for p in shards])
+    msg = dispatcher.fatal or f"interrupted with {snap['total'] - snap['done']} rows left; rerun the same command to resume"
+    return RunResult(EXIT_RUNTIME, progress.state, snap, c.out, msg, [str(p) for p in shards])
+
+
+async def _drive(dispatcher: Dispatcher, progress: Progress, out: Path, c: RegenConfig, live: bool) -> str:
+    """Run the dispatcher with signal handlers, progress.json rewrites and the live display."""
+    loop = asyncio.get_running_loop()
+    installed = []
+    if c.install_signal_handlers and threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, dispatcher.request_stop)
+                installed.append(sig)
+    display = None
+    if live:
+        from rich.console import Console
+        from rich.live import Live
+
+        display = Live(render(progress.snapshot()), console=Console(stderr=True), refresh_per_second=4, transient=False)
+        display.start()
+
+    async def report() -> None:
+        last_write = 0.0
+        while True:
+            await asyncio.sleep(0.5 if display else c.progress_interval)
+            snap = progress.snapshot()
+            if display:
+                display.update(render(snap))
+            now = time.monotonic()
+            if now - last_write >= c.progress_interval:
+                last_write = now
+                await asyncio.to_thread(atomic.write_json, out / "progress.json", snap)
+
+    reporter = loop.create_task(report())
+    try:
+        return await dispatcher.run()
+    finally:
+        reporter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporter
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        if display:
+            display.update(render(progress.snapshot()))
+            display.stop()
+
+
+def config_dict(c: RegenConfig) -> dict[str, Any]:
+    """The config as plain data (no callables), for logs and tests."""
+    d = asdict(c)
+    d.pop("log", None)
+    return d
