@@ -1,0 +1,67 @@
+"""A real fleet on this CPU: `dqa fleet up --engine transformers` starts two `transformers serve`
+processes with the tiny random Qwen3 model, `status` sees them up (metrics unavailable),
+they answer chat completions, and `down` leaves no process behind."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from fleet_helpers import REPO, dqa, free_port_base, process_gone, read_json
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """The tiny random Qwen3 model (examples/tiny_model.py) in a folder whose name has a space."""
+    sys.path.insert(0, str(REPO / "examples"))
+    from tiny_model import build_tiny_qwen3
+
+    return build_tiny_qwen3(tmp_path_factory.mktemp("models") / "tiny qwen3")
+
+
+@pytest.mark.slow
+def test_two_transformers_serve_processes_up_status_requests_down(tiny_model, tmp_path):
+    import psutil
+
+    base = free_port_base(2)
+    fleet = tmp_path / "fleet.json"
+    r = dqa(
+        "fleet", "up", "--engine", "transformers", "--model", tiny_model, "--gpus", "0-1", "--port-base", base,
+        "--fleet", fleet, "--env", "OMP_NUM_THREADS=1", "--timeout", "180", "--", "--device", "cpu",
+        cwd=tmp_path, timeout=240,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rec = read_json(fleet)
+    assert (rec["engine"], rec["protocol"], rec["model"]) == ("transformers", "openai", str(tiny_model))
+    eps = rec["endpoints"]
+    pids = [e["pid"] for e in eps]
+    try:
+        children = [c.pid for pid in pids for c in psutil.Process(pid).children(recursive=True)]
+        for e in eps:
+            assert e["cmd"][1:4] == ["serve", str(tiny_model), "--host"]  # the path with a space, intact
+            assert psutil.Process(e["pid"]).environ().get("CUDA_VISIBLE_DEVICES") == e["gpu"]
+
+        s = dqa("fleet", "status", "--fleet", fleet, "--json", cwd=tmp_path)
+        assert s.returncode == 0, s.stderr
+        st = json.loads(s.stdout)
+        assert st["total"]["up"] == 2 and st["total"]["gen_tok_per_s"] is None
+        assert all(e["source"] == "none" and "metrics unavailable" in e["note"] for e in st["endpoints"])
+
+        with httpx.Client(timeout=60) as client:
+            for i, e in enumerate(eps * 2):
+                reply = client.post(
+                    e["url"] + "/v1/chat/completions",
+                    json={"model": rec["model"], "messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 4},
+                )
+                assert reply.status_code == 200, reply.text
+                assert reply.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        d = dqa("fleet", "down", "--fleet", fleet, "--json", "--grace", "20", cwd=tmp_path, timeout=120)
+    assert d.returncode == 0, d.stderr
+    assert {e["outcome"] for e in json.loads(d.stdout)["endpoints"]} <= {"stopped", "killed"}
+    assert all(process_gone(pid) for pid in pids + children)
+    s = dqa("fleet", "status", "--fleet", fleet, "--json", cwd=tmp_path)
+    assert s.returncode == 3 and json.loads(s.stdout)["total"]["up"] == 0
