@@ -95,6 +95,7 @@ class MergeSummary:
     dropped: int = 0
     untouched: int = 0
     elapsed_s: float = 0.0
+    selection: list[str] = field(default_factory=list)  # per regen folder: where the selected rows came from
     unregenerated_rows: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     def as_dict(self, with_rows: bool = False) -> dict[str, Any]:
@@ -130,7 +131,9 @@ class RegenIndex:
     offset: np.ndarray
     ids: pa.Array
     errors: pa.Array
-    selected: np.ndarray | None  # rows the run meant to regenerate (sorted), when run.json says
+    selected: np.ndarray | None  # rows the runs meant to regenerate (sorted), when run.json says
+    selection_notes: list[str] = field(default_factory=list)  # per folder: where the selection came from
+    dataset_rows: int | None = None  # the row count of the dataset the runs read (run.json)
 
     @property
     def last_use(self) -> dict[tuple[int, int], int]:
@@ -162,50 +165,64 @@ def _shard_files(d: Path) -> list[Path]:
     return sorted(p for p in shards.glob("*.parquet") if not p.name.startswith("."))
 
 
-def _read_selection(d: Path) -> np.ndarray | None:
-    """Rows the run in ``d`` selected, from ``run.json`` (``selection.rows`` or ``selected_rows``) or a
-    ``selection.parquet`` with a ``row`` column; None when the run did not record them."""
-    sel_file = d / "selection.parquet"
-    if sel_file.is_file():
-        import pyarrow.parquet as pq
+@dataclass
+class RunSelection:
+    """What ``DIR/run.json`` says about the run: the rows it selected (None when they cannot be
+    reconstructed, with ``note`` saying why) and the dataset row count it was made for."""
 
-        try:
-            col = pq.read_table(sel_file, columns=["row"]).column("row")
-        except (pa.ArrowException, OSError, KeyError) as exc:
-            raise InputError(f"{sel_file}: unreadable selection ({' '.join(str(exc).split())[:160]})") from None
-        return col.to_numpy().astype(np.int64)
+    rows: np.ndarray | None
+    dataset_rows: int | None
+    note: str
+
+
+def read_run_selection(d: Path) -> RunSelection:
+    """Reconstruct the rows ``dqa regen`` selected in folder ``d`` from its ``run.json``.
+
+    run.json records the findings file, ``--reasons``, ``--shard``, ``--limit`` and a sha256 of
+    the selected rows (``identity.selection.rows_sha256``, before shard and limit); the
+    selection is recomputed with ``dqa.regen.selection.select_rows`` and accepted only when
+    the digest matches (the findings file may have been rescanned since). Never raises for a
+    missing or changed findings file: the result then has ``rows=None`` and a ``note``.
+    Raises ``InputError`` when run.json exists but is not JSON.
+    """
+    import hashlib
+
     run = d / "run.json"
     if not run.is_file():
-        return None
+        return RunSelection(None, None, f"{run}: missing; only failed shard rows are listed")
     try:
         cfg = json.loads(run.read_text())
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         raise InputError(f"{run}: not valid JSON ({exc})") from None
-    sel = cfg.get("selection") if isinstance(cfg, dict) else None
-    rows = None
-    if isinstance(sel, dict):
-        rows = sel.get("rows")
-        if rows is None and isinstance(sel.get("file"), str):
-            return _read_selection_file(d / sel["file"])
-    elif isinstance(sel, list):
-        rows = sel
-    if rows is None and isinstance(cfg, dict):
-        rows = cfg.get("selected_rows")
-    if rows is None:
-        return None
+    ident = cfg.get("identity") if isinstance(cfg, dict) else None
+    sel = ident.get("selection") if isinstance(ident, dict) else None
+    ds_rows = None
+    if isinstance(ident, dict) and isinstance(ident.get("dataset"), dict):
+        r = ident["dataset"].get("rows")
+        ds_rows = int(r) if isinstance(r, int) else None
+    if not isinstance(sel, dict) or ds_rows is None:
+        return RunSelection(None, ds_rows, f"{run}: no selection recorded; only failed shard rows are listed")
+    from dqa.regen.selection import parse_shard, select_rows
+
+    failed_only = bool(sel.get("failed_only", True))
+    findings = Path(cfg["findings"]) if failed_only and cfg.get("findings") else None
+    if failed_only:
+        if findings is None:
+            return RunSelection(None, ds_rows, f"{run}: no findings path recorded; only failed shard rows are listed")
+        if not findings.is_absolute() and not findings.exists() and (d.parent / findings).exists():
+            findings = d.parent / findings
+        if not findings.exists():
+            return RunSelection(None, ds_rows, f"{findings}: findings of the run not found; only failed shard rows are listed")
     try:
-        return np.asarray(rows, dtype=np.int64)
-    except (TypeError, ValueError):
-        raise InputError(f"{run}: selection rows must be a list of integers") from None
-
-
-def _read_selection_file(p: Path) -> np.ndarray:
-    import pyarrow.parquet as pq
-
-    try:
-        return pq.read_table(p, columns=["row"]).column("row").to_numpy().astype(np.int64)
-    except (pa.ArrowException, OSError, KeyError) as exc:
-        raise InputError(f"{p}: unreadable selection ({' '.join(str(exc).split())[:160]})") from None
+        reasons = sel.get("reasons") or None
+        everything = select_rows(ds_rows, findings, failed_only, reasons, (0, 1), None)
+        digest = hashlib.sha256(np.ascontiguousarray(everything, dtype="<i8").tobytes()).hexdigest()
+        if sel.get("rows_sha256") and digest != sel["rows_sha256"]:
+            return RunSelection(None, ds_rows, f"{findings}: changed since the run (rescanned?); only failed shard rows are listed")
+        rows = select_rows(ds_rows, findings, failed_only, reasons, parse_shard(sel.get("shard")), cfg.get("limit"))
+    except InputError as exc:
+        return RunSelection(None, ds_rows, f"selection of the run not reconstructed ({exc}); only failed shard rows are listed")
+    return RunSelection(np.asarray(rows, dtype=np.int64), ds_rows, f"{run}: {rows.size} rows selected")
 
 
 def _is_int_list(t: pa.DataType, allow_bool: bool = False) -> bool:
@@ -227,14 +244,17 @@ def load_regen_index(dirs: Iterable[Path]) -> RegenIndex:
     files: list[Path] = []
     parts: dict[str, list[Any]] = {k: [] for k in ("rows", "status", "file", "group", "offset", "ids", "errors")}
     selections: list[np.ndarray] = []
-    any_selection = False
+    notes: list[str] = []
+    dataset_rows: set[int] = set()
     for d in dirs:
         d = Path(d)
         shard_files = _shard_files(d)
-        sel = _read_selection(d)
-        if sel is not None:
-            any_selection = True
-            selections.append(sel)
+        run = read_run_selection(d)
+        notes.append(run.note)
+        if run.rows is not None:
+            selections.append(run.rows)
+        if run.dataset_rows is not None:
+            dataset_rows.add(run.dataset_rows)
         for p in shard_files:
             try:
                 pf = pq.ParquetFile(p)
@@ -294,11 +314,9 @@ def load_regen_index(dirs: Iterable[Path]) -> RegenIndex:
             f"regen shards hold row {int(rows[j])} twice ({where}); refusing to pick one (the regen run broke exactly-once)"
         )
     take = pa.array(order)
-    selected = None
-    if any_selection:
-        selected = np.unique(np.concatenate(selections)) if selections else np.zeros(0, np.int64)
-        if selected.size and selected[0] < 0:
-            raise InputError(f"regen run.json: negative selected row {int(selected[0])}")
+    selected = np.unique(np.concatenate(selections)) if selections else None
+    if len(dataset_rows) > 1:
+        raise InputError(f"the --regen folders were made from datasets of different sizes ({sorted(dataset_rows)} rows)")
     return RegenIndex(
         files=files,
         rows=rows,
@@ -309,6 +327,8 @@ def load_regen_index(dirs: Iterable[Path]) -> RegenIndex:
         ids=pa.concat_arrays(parts["ids"]).take(take) if parts["ids"] else pa.nulls(0, pa.string()),
         errors=pa.concat_arrays(parts["errors"]).take(take) if parts["errors"] else pa.nulls(0, pa.string()),
         selected=selected,
+        selection_notes=notes,
+        dataset_rows=dataset_rows.pop() if dataset_rows else None,
     )
 
 
@@ -743,6 +763,7 @@ def merge(
         summary.unregenerated = merger.kept + merger.dropped
         summary.untouched = rows_in - merger.replaced - summary.unregenerated
         summary.unregenerated_rows = _unregen_list(merger)
+        summary.selection = index.selection_notes
         summary.elapsed_s = round(time.perf_counter() - t0, 3)
         write_json(report_path(out), summary.as_dict(with_rows=True))
         writer.commit()
@@ -750,6 +771,11 @@ def merge(
 
 
 def _check_rows_in_range(index: RegenIndex, total: int, path: Path) -> None:
+    if index.dataset_rows is not None and index.dataset_rows != total:
+        raise InputError(
+            f"regen run.json: the run read a dataset of {index.dataset_rows} rows but {path} has {total} "
+            "(regen output of another dataset?)"
+        )
     if index.rows.size and index.rows[-1] >= total:
         shard = index.files[int(index.file[-1])]
         raise InputError(

@@ -193,11 +193,26 @@ def test_failed_drop_leaves_failed_rows_out_and_lists_them(tmp_path, rows, fmt):
     assert json.loads(report_path(out).read_text())["unregenerated_rows"][0]["row"] == FAILED
 
 
+def write_run_json(regen: Path, findings: Path, selected: list[int], dataset_rows: int, limit=None, shard="0/1"):
+    """run.json as dqa regen writes it: the findings path, the selection identity (sha256 of the
+    selected rows before --shard/--limit) and the dataset's row count."""
+    import hashlib
+
+    pq.write_table(pa.table({"row": pa.array(selected, pa.int64()), "reasons": [["degenerate_template"]] * len(selected)}), findings)
+    digest = hashlib.sha256(np.asarray(sorted(selected), dtype="<i8").tobytes()).hexdigest()
+    (regen / "run.json").write_text(json.dumps({
+        "version": 1,
+        "identity": {"dataset": {"name": "d", "format": "parquet", "rows": dataset_rows, "files": []},
+                     "selection": {"failed_only": True, "reasons": None, "rows_sha256": digest, "shard": shard}},
+        "findings": str(findings), "limit": limit,
+    }))
+
+
 def test_rows_selected_by_the_run_but_missing_from_the_shards_are_listed(tmp_path, rows):
     ids = ids_of(N)
     src = write_dataset(base_table(rows, ids), tmp_path / "d.parquet", "parquet")
     regen = make_regen(tmp_path / "regen", rows, ids)
-    (regen / "run.json").write_text(json.dumps({"selection": {"rows": [1, 2, 4, 7, 8, 9]}}))
+    write_run_json(regen, tmp_path / "findings.parquet", [1, 2, 4, 7, 8, 9], N)
     out = tmp_path / "new.parquet"
     summary = merge(src, [regen], out, failed="drop")
     listed = json.loads(report_path(out).read_text())["unregenerated_rows"]
@@ -205,6 +220,44 @@ def test_rows_selected_by_the_run_but_missing_from_the_shards_are_listed(tmp_pat
     assert listed[0]["reason"].startswith("selected for regeneration but absent")
     assert read_back(out).column("id").to_pylist() == [i for k, i in enumerate(ids) if k not in (2, 8, 9)]
     assert summary.dropped == 3
+    assert summary.selection == [f"{regen / 'run.json'}: 6 rows selected"]
+
+
+def test_the_runs_limit_and_shard_narrow_the_selection(tmp_path, rows):
+    ids = ids_of(N)
+    src = write_dataset(base_table(rows, ids), tmp_path / "d.parquet", "parquet")
+    regen = make_regen(tmp_path / "regen", rows, ids)
+    # --shard 1/2 keeps the odd rows (1, 7, 9) and --limit 2 the first two (1, 7): both are in the shards,
+    # so only the failed shard row is listed (row 9, absent, was never selected by this driver)
+    write_run_json(regen, tmp_path / "findings.parquet", [1, 2, 4, 7, 8, 9], N, limit=2, shard="1/2")
+    summary = merge(src, [regen], tmp_path / "new.parquet")
+    listed = json.loads(report_path(tmp_path / "new.parquet").read_text())["unregenerated_rows"]
+    assert [x["row"] for x in listed] == [FAILED]  # the failed shard row; no selected row is absent
+    assert summary.selection == [f"{regen / 'run.json'}: 2 rows selected"]
+
+
+def test_a_rescanned_findings_file_falls_back_to_the_failed_rows_with_a_note(tmp_path, rows):
+    ids = ids_of(N)
+    src = write_dataset(base_table(rows, ids), tmp_path / "d.parquet", "parquet")
+    regen = make_regen(tmp_path / "regen", rows, ids)
+    findings = tmp_path / "findings.parquet"
+    write_run_json(regen, findings, [1, 2, 4, 7, 8, 9], N)
+    pq.write_table(pa.table({"row": pa.array([0, 3], pa.int64()), "reasons": [["no_loss"]] * 2}), findings)
+    summary = merge(src, [regen], tmp_path / "new.parquet")
+    assert summary.unregenerated == 1
+    assert "changed since the run" in summary.selection[0]
+
+
+def test_a_run_made_for_a_dataset_of_another_size_is_refused(tmp_path, rows):
+    from dqa.errors import InputError
+
+    ids = ids_of(N)
+    src = write_dataset(base_table(rows, ids), tmp_path / "d.parquet", "parquet")
+    regen = make_regen(tmp_path / "regen", rows, ids)
+    write_run_json(regen, tmp_path / "findings.parquet", [1, 2], N + 5)
+    with pytest.raises(InputError, match=f"dataset of {N + 5} rows"):
+        merge(src, [regen], tmp_path / "new.parquet")
+    assert not (tmp_path / "new.parquet").exists()
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])

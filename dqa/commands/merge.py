@@ -116,6 +116,9 @@ def _run(dataset, regen, out, failed, force, check_prompts, batch_rows, ids_colu
             f"(report: {summary.report}) in {summary.elapsed_s:.1f}s",
             file=sys.stderr,
         )
+        for note in summary.selection:
+            if "only failed" in note:
+                print(f"dqa merge: note: {note}", file=sys.stderr)
     if as_json:
         sys.stdout.write(json.dumps(summary.as_dict()) + "\n")
     return 0
