@@ -148,6 +148,21 @@ CHECKS: tuple[Check, ...] = (
 )
 
 CHECK_NAMES: tuple[str, ...] = tuple(c.name for c in CHECKS)
+
+# Which check explains a sample best when several flag it: a degenerate "OK." sample is also
+# short and has empty thinking, but the template is the root cause. Reports rank by this.
+PRIORITY: tuple[str, ...] = (
+    "length_mismatch",
+    "no_loss",
+    "degenerate_template",
+    "mask_misaligned",
+    "repetition_loop",
+    "truncated",
+    "duplicate_response",
+    "empty_thinking",
+    "missing_thinking",
+    "short_response",
+)
 BY_NAME: dict[str, Check] = {c.name: c for c in CHECKS}
 
 # Set-level switches that are not tied to one check.
@@ -260,4 +275,9 @@ def evaluate(metrics: pl.DataFrame, ctx: Context, only: list[str] | None = None)
         (c.rule(ctx) if c.name in selected else pl.lit(False)).fill_null(False).alias(c.name) for c in CHECKS
     ]
     out = metrics.with_columns(exprs)
-    return out.with_columns(pl.any_horizontal([pl.col(n) for n in CHECK_NAMES]).alias("failed"))
+    primary = pl.lit(None, dtype=pl.String)
+    for name in reversed(PRIORITY):
+        primary = pl.when(pl.col(name)).then(pl.lit(name)).otherwise(primary)
+    return out.with_columns(
+        pl.any_horizontal([pl.col(n) for n in CHECK_NAMES]).alias("failed"), primary.alias("primary_reason")
+    )

@@ -305,10 +305,12 @@ def _summary(
 ) -> dict[str, Any]:
     rows = metrics.height
     counts = metrics.select([pl.col(n).sum().alias(n) for n in checks_mod.CHECK_NAMES]).row(0, named=True)
+    primary = dict(metrics["primary_reason"].drop_nulls().value_counts().iter_rows())
     checks = {
         c.name: {
             "count": int(counts[c.name]),
             "share": counts[c.name] / rows,
+            "primary": int(primary.get(c.name, 0)),
             "enabled": c.name in selected,
             "label": c.label,
             "flags_when": c.flags_when,

@@ -14,9 +14,11 @@ def template_repr(text: str, limit: int = 80) -> str:
 
 
 def ranked_checks(summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """Checks with at least one flagged sample, biggest first (ties by name)."""
+    """Checks with at least one flagged sample, the biggest root cause first: by the samples the
+    check explains best (``primary``: a degenerate "OK." sample counts for degenerate_template,
+    not for the short_response it also is), then by all samples it flags."""
     items = [(n, c) for n, c in summary["checks"].items() if c["count"] > 0]
-    return sorted(items, key=lambda kv: (-kv[1]["count"], kv[0]))
+    return sorted(items, key=lambda kv: (-kv[1].get("primary", 0), -kv[1]["count"], kv[0]))
 
 
 def _md_escape(s: str) -> str:
