@@ -1,0 +1,127 @@
+"""The regen journal: records survive any cut, a torn tail is dropped, compaction never duplicates a row."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from dqa.regen.journal import Journal, Result, decode_segment, drop_failed, encode, list_shards, recover, results_table, shard_schema
+from regen_helpers import read_shards
+
+
+def _result(row: int, status: str = "ok", n_out: int = 3) -> Result:
+    return Result(
+        row=row, sample_id=f"s{row}", prompt=np.array([151644, 77091, 198], np.int32) + 0,
+        output=np.arange(n_out, dtype=np.int32) + 1000 + row, status=status, finish_reason="stop" if status == "ok" else "",
+        error=None if status != "failed" else "HTTP 400: bad", endpoint="http://a:1", attempts=1, latency_s=0.5,
+        model="m", sampling='{"temperature": 0.6}', seed=row * 7, completed_at=time.time(),
+    )
+
+
+def test_records_round_trip():
+    data = b"".join(encode(_result(r, n_out=r)) for r in range(5))
+    out, torn = decode_segment(data)
+    assert torn == 0 and [r.row for r in out] == list(range(5))
+    assert out[3].output.tolist() == [1003, 1004, 1005] and out[3].sample_id == "s3" and out[3].seed == 21
+
+
+def test_a_torn_tail_is_discarded_at_every_cut_point():
+    whole = [encode(_result(r)) for r in range(3)]
+    data = b"".join(whole)
+    keep = len(whole[0]) + len(whole[1])
+    for cut in range(keep, len(data)):
+        out, torn = decode_segment(data[:cut])
+        assert [r.row for r in out] == [0, 1] and torn == cut - keep
+
+
+def test_a_corrupt_record_ends_the_valid_prefix():
+    a, b = encode(_result(0)), bytearray(encode(_result(1)))
+    b[-1] ^= 0xFF
+    out, torn = decode_segment(a + bytes(b))
+    assert [r.row for r in out] == [0] and torn == len(b)
+
+
+def test_shard_rows_are_prompt_plus_output_with_a_zero_one_mask():
+    t = results_table([_result(4, n_out=2), _result(9, status="failed", n_out=0)])
+    assert t.schema == shard_schema()
+    rows = t.to_pylist()
+    assert rows[0]["input_ids"] == [151644, 77091, 198, 1004, 1005]
+    assert rows[0]["loss_mask"] == [0, 0, 0, 1, 1]
+    assert rows[0]["prompt_len"] == 3 and rows[0]["output_tokens"] == 2
+    assert rows[1]["loss_mask"] == [0, 0, 0] and rows[1]["status"] == "failed" and rows[1]["error"] == "HTTP 400: bad"
+
+
+def test_writer_closes_shards_by_size_and_on_close(tmp_path):
+    rec = recover(tmp_path)
+    closed = []
+    j = Journal(tmp_path, "s0of1", rec.next_seq, shard_rows=4, commit_interval=0.01, on_shard=closed.append)
+    j.start()
+    for r in range(5):
+        j.append(encode(_result(r)))
+    deadline = time.monotonic() + 10
+    while not closed and time.monotonic() < deadline:  # a group commit of >= 4 records closes a shard
+        time.sleep(0.01)
+    for r in range(5, 8):
+        j.append(encode(_result(r)))
+    j.close()
+    shards = list_shards(tmp_path)
+    assert closed == shards and len(shards) == 2
+    assert [pq.read_table(p).num_rows for p in shards] == [5, 3]
+    assert sorted(read_shards(tmp_path).column("row").to_pylist()) == list(range(8))
+    assert not list((tmp_path / "journal").glob("*.log"))
+
+
+def test_resume_compacts_a_killed_segment_and_drops_its_torn_tail(tmp_path):
+    rec = recover(tmp_path)
+    seg = tmp_path / "journal" / f"s0of1-{rec.next_seq:06d}.log"
+    frames = [encode(_result(r)) for r in range(3)]
+    seg.write_bytes(frames[0] + frames[1] + frames[2][:-5])
+    (tmp_path / "shards" / ".tmp-part-x.parquet").write_bytes(b"half")
+    rec = recover(tmp_path)
+    assert rec.rows.tolist() == [0, 1] and rec.recovered_records == 2 and rec.torn_bytes == len(frames[2]) - 5
+    assert not seg.exists() and not list((tmp_path / "shards").glob(".tmp-*"))
+    assert rec.next_seq == 1
+
+
+def test_a_crash_between_shard_rename_and_segment_delete_writes_nothing_twice(tmp_path):
+    rec = recover(tmp_path)
+    j = Journal(tmp_path, "s0of1", rec.next_seq, commit_interval=0.01)
+    j.start()
+    for r in range(5):
+        j.append(encode(_result(r)))
+    j.close()
+    (shard,) = list_shards(tmp_path)
+    # Put the compacted segment back, as if the process died right after the rename.
+    (tmp_path / "journal" / "s0of1-000000.log").write_bytes(b"".join(encode(_result(r)) for r in range(5)))
+    rec = recover(tmp_path)
+    assert rec.rows.tolist() == [0, 1, 2, 3, 4]
+    assert read_shards(tmp_path).num_rows == 5
+
+
+def test_records_of_rows_already_in_a_shard_are_dropped_on_resume(tmp_path):
+    recover(tmp_path)
+    from dqa.regen.journal import shard_path, write_table
+
+    write_table(shard_path(tmp_path, "s0of1", 0), results_table([_result(1)]))
+    (tmp_path / "journal" / "s0of1-000001.log").write_bytes(encode(_result(1)) + encode(_result(2)))
+    rec = recover(tmp_path)
+    assert rec.rows.tolist() == [1, 2] and rec.dropped_duplicates == 1
+
+
+def test_retry_failed_removes_failed_records_only(tmp_path):
+    recover(tmp_path)
+    from dqa.regen.journal import shard_path, write_table
+
+    write_table(shard_path(tmp_path, "s0of1", 0), results_table([_result(1), _result(2, "failed"), _result(3, "length")]))
+    assert len(drop_failed(tmp_path)) == 1
+    assert sorted(pq.read_table(list_shards(tmp_path)[0]).column("row").to_pylist()) == [1, 3]
+    assert drop_failed(tmp_path) == []
+
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_empty_or_single_results_make_valid_tables(n):
+    t = results_table([_result(0)] * n)
+    assert t.num_rows == n and t.schema == shard_schema()
