@@ -30,6 +30,7 @@ MASK_DEFAULT = "loss_mask"
 LABELS_DEFAULT = "labels"
 ID_DEFAULT = "id"
 IGNORE_INDEX = -100
+MAX_BATCH_TOKENS = 8_000_000
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
@@ -144,8 +145,11 @@ class Dataset:
         for f in self.files:
             yield from ((f, b) for b in _iter_file(f, self.format, batch_rows, columns))
 
-    def batches(self, batch_rows: int = 4096) -> Iterator[TokenBatch]:
+    def batches(self, batch_rows: int = 4096, max_tokens: int = MAX_BATCH_TOKENS) -> Iterator[TokenBatch]:
         """Yield flattened ``TokenBatch`` objects in dataset order; validates as it goes.
+
+        A batch holds at most ``batch_rows`` rows and, unless a single row is longer,
+        at most ``max_tokens`` tokens, so memory stays bounded whatever the row lengths.
 
         Raises ``InputError`` naming file, column and row for nulls, non-integer
         values, masks outside {0, 1}, or labels that are neither -100 nor ids.
@@ -156,8 +160,9 @@ class Dataset:
             if rb.num_rows == 0:
                 continue
             _check_schema(rb.schema, self.columns, f, self.columns.convention)
-            yield _to_token_batch(rb, self.columns, f, start)
-            start += rb.num_rows
+            for piece in _token_slices(rb, self.columns.ids, max_tokens):
+                yield _to_token_batch(piece, self.columns, f, start)
+                start += piece.num_rows
 
 
 def open_dataset(
@@ -473,6 +478,24 @@ def _to_token_batch(rb: pa.RecordBatch, columns: Columns, f: Path, start_row: in
         label_mismatch=label_mismatch,
         row_ids=row_ids,
     )
+
+
+def _token_slices(rb: pa.RecordBatch, ids_column: str, max_tokens: int) -> Iterator[pa.RecordBatch]:
+    """Cut ``rb`` into consecutive slices of at most ``max_tokens`` tokens (a longer row stands alone)."""
+    import pyarrow.compute as pc
+
+    col = rb.column(ids_column)
+    lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False)
+    cum = np.cumsum(lengths, dtype=np.int64)
+    if rb.num_rows == 0 or cum[-1] <= max_tokens:
+        yield rb
+        return
+    start = 0
+    while start < rb.num_rows:  # one iteration per slice, not per row
+        base = cum[start - 1] if start else 0
+        end = max(int(np.searchsorted(cum, base + max_tokens, side="right")), start + 1)
+        yield rb.slice(start, end - start)
+        start = end
 
 
 def _ranks(lengths: np.ndarray) -> np.ndarray:

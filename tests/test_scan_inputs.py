@@ -230,3 +230,33 @@ def test_config_file_overrides_thresholds(cli, rows, tmp_path):
     assert summary["checks"]["degenerate_template"]["count"] == 0
     # Below the raised degenerate threshold, the 12 identical answers to different prompts are duplicates.
     assert summary["checks"]["duplicate_response"]["count"] == OK_ROWS
+
+
+def test_batches_are_bounded_by_tokens_and_keep_dataset_order(rows, tmp_path):
+    import numpy as np
+
+    from dqa.audit.readers import open_dataset
+
+    pq.write_table(table_of(rows), tmp_path / "d.parquet")
+    ds = open_dataset(tmp_path / "d.parquet")
+    whole = list(ds.batches(4096))
+    small = list(ds.batches(4096, max_tokens=500))
+    assert len(whole) == 1 and len(small) > 5
+    assert all(b.ids.size <= 500 or b.num_rows == 1 for b in small)
+    assert [b.start_row for b in small] == list(np.cumsum([0] + [b.num_rows for b in small[:-1]]))
+    assert np.array_equal(np.concatenate([b.ids for b in small]), whole[0].ids)
+
+
+def test_a_row_of_a_million_tokens(cli, rows, tmp_path):
+    import numpy as np
+
+    from chatdata import ASSISTANT, END_THINK, IM_END, IM_START, NL, THINK
+
+    rng = np.random.default_rng(0)
+    head = [IM_START, 872, NL, 9707, IM_END, NL, IM_START, ASSISTANT, NL]
+    body = [THINK, NL, *rng.integers(0, 150_000, 1_000_000).tolist(), NL, END_THINK, 271, 9707, 1052, IM_END]
+    huge = (head + body + [NL], [0] * len(head) + [1] * len(body) + [0])
+    pq.write_table(table_of(rows[:30] + [huge]), tmp_path / "d.parquet")
+    result = cli("scan", tmp_path / "d.parquet", "--out", tmp_path / "o", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["supervised_tokens_distribution"]["max"] == len(body)
