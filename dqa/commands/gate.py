@@ -1,0 +1,119 @@
+"""``dqa gate``: the CI step: validate a release, compare with the previous one, one verdict."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dqa.commands.common import console, handles_errors
+from dqa.errors import EXIT_OK, EXIT_QUALITY
+
+
+def gate(
+    release: Optional[Path] = typer.Argument(
+        None, help="The candidate release: a dataset (scanned first) or a scan folder (reused).", show_default=False
+    ),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", "-b", help="The previous release (dataset or scan folder) for drift checks."),
+    suite: str = typer.Option("release", "--suite", "-s", help="Suite JSON file, or a bundled suite: release, regen."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder. [default: RELEASE_SCAN_FOLDER/gate/]"),
+    fail_on: str = typer.Option("critical", "--fail-on", help="Lowest expectation severity that fails the gate: critical or warning."),
+    max_row_drop: float = typer.Option(0.05, help="Fail when the release has this share fewer rows than the baseline."),
+    max_row_growth: Optional[float] = typer.Option(None, help="Fail when the release has this share more rows. [default: no limit]"),
+    max_failing_share_increase: float = typer.Option(0.01, help="Fail when the share of flagged samples rises by more than this."),
+    max_ks: float = typer.Option(0.10, help="Fail when the supervised-token KS statistic exceeds this (and is significant)."),
+    ks_alpha: float = typer.Option(0.001, help="Significance level the KS statistic must also pass before it fails the gate."),
+    max_ids: int = typer.Option(20, "--max-ids", help="Failing sample ids listed per expectation in the reports."),
+    no_docs: bool = typer.Option(False, "--no-docs", help="Skip building GX Data Docs."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", "-t", help="For fresh scans: tokenizer folder or preset (qwen3)."),
+    thinking: str = typer.Option("auto", help="For fresh scans: is thinking expected? auto, expected, off."),
+    as_json: bool = typer.Option(False, "--json", help="Print gate.json on stdout."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing; exit code only."),
+) -> None:
+    """Gate a dataset release in CI: expectation suite + drift against the previous release.
+
+    Validates RELEASE with the suite (see `dqa validate`), and with --baseline compares row
+    count, the share of flagged samples and the supervised-token distribution (KS statistic;
+    quantile shifts are reported). Writes `gate.json`, `gate.md` (also appended to
+    $GITHUB_STEP_SUMMARY), `junit.xml` (expectations and drift checks as test cases) and
+    `validation/` (GX result, Data Docs, failing samples) to the output folder.
+
+    Example:  dqa gate releases/v7/ --baseline releases/v6/ --out gate-report
+
+    Exit codes: 0 pass, 1 fail, 2 usage or input error, 3 runtime failure.
+    """
+    raise typer.Exit(_run(release, baseline, suite, out, fail_on, max_row_drop, max_row_growth, max_failing_share_increase,
+                          max_ks, ks_alpha, max_ids, no_docs, tokenizer, thinking, as_json, quiet))
+
+
+@handles_errors
+def _run(release, baseline, suite, out, fail_on, max_row_drop, max_row_growth, max_failing_share_increase, max_ks, ks_alpha,
+         max_ids, no_docs, tokenizer, thinking, as_json, quiet) -> int:
+    from dqa.commands.validate import scan_progress
+    from dqa.errors import UsageError
+    from dqa.expectations.gate import DriftThresholds, run_gate
+    from dqa.expectations.source import obtain_scan
+    from dqa.expectations.suites import check_fail_on, load_suite
+    from dqa.reports.markdown_validation import append_step_summary
+
+    if release is None:
+        raise UsageError("missing RELEASE (a dataset or a scan folder; see dqa gate --help)")
+    for name, value in (("--max-row-drop", max_row_drop), ("--max-failing-share-increase", max_failing_share_increase),
+                        ("--max-ks", max_ks)):
+        if not 0.0 <= value <= 1.0:
+            raise UsageError(f"{name} {value}: expected a share between 0 and 1")
+    if max_row_growth is not None and max_row_growth < 0:
+        raise UsageError(f"--max-row-growth {max_row_growth}: expected 0 or more")
+    if not 0.0 < ks_alpha < 1.0:
+        raise UsageError(f"--ks-alpha {ks_alpha}: expected a probability between 0 and 1")
+    if max_ids < 0:
+        raise UsageError("--max-ids must be 0 or more")
+    fail_on = check_fail_on(fail_on)
+    spec = load_suite(suite)
+    progress = scan_progress(quiet or as_json)
+    rel = obtain_scan(release, tokenizer=tokenizer, thinking=thinking, progress=progress)
+    base = None
+    if baseline is not None:
+        from dqa.audit.scan import default_out_dir
+
+        # Two releases often share a file name (v6/data.parquet, v7/data.parquet): keep their scans apart.
+        base_out = default_out_dir(baseline)
+        if base_out.resolve() == rel.path.resolve():
+            base_out = base_out.with_name(base_out.name + "-baseline")
+        base = obtain_scan(baseline, scan_out=base_out, tokenizer=tokenizer, thinking=thinking, progress=progress)
+    if base is not None and base.path.resolve() == rel.path.resolve():
+        raise UsageError(f"--baseline {baseline}: resolves to the release's own scan folder {rel.path}")
+    out_dir = out or rel.path / "gate"
+    thr = DriftThresholds(max_row_drop, max_row_growth, max_failing_share_increase, max_ks, ks_alpha)
+    result = run_gate(rel, spec, out_dir, base, fail_on, thr, max_ids, docs=not no_docs)
+    append_step_summary((Path(out_dir) / "gate.md").read_text(encoding="utf-8"))
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
+    elif not quiet:
+        _print(result, str(out_dir))
+    return EXIT_OK if result["verdict"] == "pass" else EXIT_QUALITY
+
+
+def _print(result: dict, out_dir: str) -> None:
+    from rich.markup import escape
+
+    from dqa.commands.validate import print_validation
+
+    print_validation(result["validation"], str(Path(out_dir) / "validation"))
+    out = console(stderr=False)
+    if result.get("drift"):
+        for c in result["drift"]["checks"]:
+            mark = "[green]ok[/]" if c["passed"] else "[bold red]FAIL[/]"
+            out.print(f"drift {mark} {c['name']}: {c['value']:.4g} (allowed: {escape(c['threshold_text'])})", markup=True)
+    verdict = "[bold green]PASS[/]" if result["verdict"] == "pass" else "[bold red]FAIL[/]"
+    out.print(f"gate {verdict} · {escape(out_dir)}", markup=True)
+    for r in result["reasons"]:
+        out.print(f"  - {escape(r)}", markup=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``gate`` to the CLI."""
+    app.command("gate")(gate)

@@ -1,0 +1,205 @@
+"""The release gate: validate a release, compare it with the previous one, give one verdict.
+
+Drift checks against a baseline (both are scan metrics tables), with their defaults:
+
+================================  =========================================================
+check                             fails when
+================================  =========================================================
+``row_count``                     the release has more than ``max_row_drop`` (5%) fewer rows
+                                  than the baseline, or more than ``max_row_growth`` more
+                                  (no limit by default)
+``failing_share``                 the share of samples any scan check flags rose by more
+                                  than ``max_failing_share_increase`` (0.01 = 1 point)
+``supervised_tokens_ks``          the two-sample Kolmogorov-Smirnov statistic of supervised
+                                  tokens per sample exceeds ``max_ks`` (0.10) **and** the
+                                  KS critical value at ``ks_alpha`` (0.001) for these sizes,
+                                  so small sets do not fail on sampling noise
+================================  =========================================================
+
+The quantiles (p10, p50, p90) and mean of supervised tokens on both sides are reported with
+their relative shift, for people; they do not gate on their own.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from dqa import atomic
+from dqa.expectations.source import ScanFolder
+from dqa.expectations.suites import Suite
+from dqa.expectations.validate import MAX_IDS_DEFAULT, validate_to_folder
+
+QUANTILES = (0.10, 0.50, 0.90)
+
+
+@dataclass
+class DriftThresholds:
+    """Where drift against the baseline fails the gate (see the module docstring)."""
+
+    max_row_drop: float = 0.05
+    max_row_growth: float | None = None
+    max_failing_share_increase: float = 0.01
+    max_ks: float = 0.10
+    ks_alpha: float = 0.001
+
+
+def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sample Kolmogorov-Smirnov statistic: the largest gap between the empirical CDFs."""
+    if len(a) == 0 or len(b) == 0:
+        return 0.0 if len(a) == len(b) else 1.0
+    a = np.sort(np.asarray(a, dtype=np.float64))
+    b = np.sort(np.asarray(b, dtype=np.float64))
+    grid = np.concatenate([a, b])
+    cdf_a = np.searchsorted(a, grid, side="right") / len(a)
+    cdf_b = np.searchsorted(b, grid, side="right") / len(b)
+    return float(np.max(np.abs(cdf_a - cdf_b)))
+
+
+def ks_critical(n: int, m: int, alpha: float) -> float:
+    """The asymptotic two-sample KS critical value at significance ``alpha`` for sizes ``n``, ``m``."""
+    if n == 0 or m == 0:
+        return 0.0
+    return math.sqrt(-math.log(alpha / 2) / 2) * math.sqrt((n + m) / (n * m))
+
+
+def failing_share(metrics: pl.DataFrame) -> float:
+    """Share of samples any scan check flags (the ``failed`` column); 0 for an empty table."""
+    if metrics.height == 0 or "failed" not in metrics.columns:
+        return 0.0
+    return float(metrics["failed"].mean())  # type: ignore[arg-type]
+
+
+def compute_drift(release: pl.DataFrame, baseline: pl.DataFrame, thr: DriftThresholds) -> dict[str, Any]:
+    """Compare two metrics tables; returns ``{"checks": [...], "quantiles": {...}, "passed": bool}``.
+
+    Each check: ``name``, ``baseline``, ``release``, ``value`` (the change or statistic),
+    ``threshold_text``, ``passed``.
+    """
+    n_new, n_old = release.height, baseline.height
+    change = (n_new - n_old) / n_old if n_old else (0.0 if n_new == 0 else math.inf)
+    rows_ok = change >= -thr.max_row_drop and (thr.max_row_growth is None or change <= thr.max_row_growth)
+    growth = "no limit" if thr.max_row_growth is None else f"+{thr.max_row_growth:.0%}"
+    checks = [
+        {
+            "name": "row_count",
+            "baseline": n_old,
+            "release": n_new,
+            "value": change,
+            "threshold_text": f"change between -{thr.max_row_drop:.0%} and {growth}",
+            "passed": bool(rows_ok),
+        }
+    ]
+    fs_new, fs_old = failing_share(release), failing_share(baseline)
+    checks.append(
+        {
+            "name": "failing_share",
+            "baseline": fs_old,
+            "release": fs_new,
+            "value": fs_new - fs_old,
+            "threshold_text": f"increase at most {thr.max_failing_share_increase:g}",
+            "passed": bool(fs_new - fs_old <= thr.max_failing_share_increase),
+        }
+    )
+    a = release["supervised_tokens"].to_numpy() if "supervised_tokens" in release.columns else np.zeros(0)
+    b = baseline["supervised_tokens"].to_numpy() if "supervised_tokens" in baseline.columns else np.zeros(0)
+    d = ks_statistic(a, b)
+    crit = ks_critical(len(a), len(b), thr.ks_alpha)
+    checks.append(
+        {
+            "name": "supervised_tokens_ks",
+            "baseline": None,
+            "release": None,
+            "value": d,
+            "critical_value": crit,
+            "threshold_text": f"KS at most {thr.max_ks:g} (or below the critical value {crit:.3f} at alpha {thr.ks_alpha:g})",
+            "passed": bool(not (d > thr.max_ks and d > crit)),
+        }
+    )
+    quantiles: dict[str, dict[str, float]] = {}
+    if len(a) and len(b):
+        for q in QUANTILES:
+            old, new = float(np.quantile(b, q)), float(np.quantile(a, q))
+            quantiles[f"p{round(q * 100)}"] = {"baseline": old, "release": new, "shift": (new - old) / old if old else 0.0}
+        old, new = float(b.mean()), float(a.mean())
+        quantiles["mean"] = {"baseline": old, "release": new, "shift": (new - old) / old if old else 0.0}
+    return {"checks": checks, "quantiles": quantiles, "passed": all(c["passed"] for c in checks)}
+
+
+def _reasons(validation: dict[str, Any], drift: dict[str, Any] | None) -> list[str]:
+    from dqa.reports.markdown_validation import describe_kwargs, describe_observed, describe_unexpected
+
+    out = []
+    for e in validation["expectations"]:
+        if e["status"] == "fail":
+            seen = describe_unexpected(e) or describe_observed(e)
+            out.append(f"{e['severity']} expectation #{e['index']} {e['title']} failed ({describe_kwargs(e['kwargs'])}; observed {seen})")
+        elif e["status"] == "error":
+            out.append(f"expectation #{e['index']} {e['title']} could not be evaluated: {e.get('exception')}")
+    for c in (drift or {}).get("checks", []):
+        if not c["passed"]:
+            out.append(f"drift: {c['name']} {c['value']:.4g} outside {c['threshold_text']}")
+    return out
+
+
+def run_gate(
+    release: ScanFolder,
+    suite: Suite,
+    out_dir: str | Path,
+    baseline: ScanFolder | None = None,
+    fail_on: str = "critical",
+    thresholds: DriftThresholds | None = None,
+    max_ids: int = MAX_IDS_DEFAULT,
+    docs: bool = True,
+) -> dict[str, Any]:
+    """Validate ``release`` with ``suite`` and compare it with ``baseline``; returns ``gate.json``'s dict.
+
+    ``verdict`` is ``pass`` only when no expectation at or above ``fail_on`` failed and every
+    drift check passed. Writes ``out_dir/validation/`` (see ``validate_to_folder``),
+    ``gate.json``, ``gate.md`` and ``junit.xml`` (expectations and drift checks as test
+    cases). Raises ``InputError`` / ``RuntimeFailure`` like the validation.
+    """
+    from dqa.reports.junit import Case, JUnitSuite, validation_testsuite, write_junit
+    from dqa.reports.markdown_validation import render_gate_markdown
+
+    thr = thresholds or DriftThresholds()
+    out = Path(out_dir)
+    v = validate_to_folder(release.metrics, suite, out / "validation", fail_on, max_ids, docs, source=str(release.path / "metrics.parquet"))
+    summary = v.summary()
+    drift = compute_drift(release.metrics, baseline.metrics, thr) if baseline is not None else None
+    passed = v.success and (drift is None or drift["passed"])
+    gate = {
+        "verdict": "pass" if passed else "fail",
+        "release": release.dataset,
+        "release_scan": str(release.path),
+        "baseline": baseline.dataset if baseline is not None else None,
+        "baseline_scan": str(baseline.path) if baseline is not None else None,
+        "suite": suite.name,
+        "suite_file": str(suite.path),
+        "fail_on": fail_on,
+        "reasons": _reasons(summary, drift),
+        "thresholds": asdict(thr),
+        "drift": drift,
+        "validation": summary,
+        "outputs": {"validation": str(out / "validation"), "junit": str(out / "junit.xml"), "markdown": str(out / "gate.md"),
+                    "data_docs": str(out / "validation" / "data_docs" / "index.html")},
+    }
+    suites = [validation_testsuite(summary)]
+    if drift is not None:
+        cases = [
+            Case(name=c["name"], classname="dqa.gate.drift", outcome="pass" if c["passed"] else "fail",
+                 message=f"{c['name']}: {c['value']:.4g} (allowed: {c['threshold_text']})",
+                 details=f"baseline {c.get('baseline')}, release {c.get('release')}, value {c['value']:.6g}; allowed: {c['threshold_text']}",
+                 properties={"severity": "critical"})
+            for c in drift["checks"]
+        ]
+        suites.append(JUnitSuite(name="dqa.gate.drift", cases=cases))
+    atomic.write_json(out / "gate.json", gate)
+    atomic.write_text(out / "gate.md", render_gate_markdown(gate))
+    write_junit(out / "junit.xml", suites)
+    return gate

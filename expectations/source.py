@@ -1,0 +1,91 @@
+"""Where a validation's metrics table comes from: an existing scan folder, or a fresh scan.
+
+``dqa validate`` and ``dqa gate`` accept either a dataset (scanned here through
+``dqa.audit.scan.run_scan``) or a scan folder (a folder holding ``metrics.parquet``, as
+``dqa scan`` writes it), which is reused without rescanning.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import polars as pl
+
+from dqa.errors import InputError
+
+
+@dataclass
+class ScanFolder:
+    """A scan's output: its folder, the metrics table and ``summary.json`` (empty when absent)."""
+
+    path: Path
+    metrics: pl.DataFrame
+    summary: dict[str, Any] = field(default_factory=dict)
+    scanned_now: bool = False
+
+    @property
+    def dataset(self) -> str:
+        """The scanned dataset's path as the scan recorded it (else the folder)."""
+        return str(self.summary.get("dataset") or self.path)
+
+
+def is_scan_folder(path: str | Path) -> bool:
+    """True when ``path`` is a folder holding ``metrics.parquet``."""
+    p = Path(path)
+    return p.is_dir() and (p / "metrics.parquet").is_file()
+
+
+def load_scan_folder(path: str | Path) -> ScanFolder:
+    """Read ``metrics.parquet`` and ``summary.json`` of a scan folder.
+
+    Raises ``InputError`` naming the file when it is missing or unreadable.
+    """
+    p = Path(path)
+    mfile = p / "metrics.parquet"
+    if not mfile.is_file():
+        raise InputError(f"{mfile}: no such file (expected a scan folder written by `dqa scan`)")
+    try:
+        metrics = pl.read_parquet(mfile)
+    except Exception as exc:  # polars raises ComputeError / OSError variants for bad parquet
+        raise InputError(f"{mfile}: not a readable parquet file ({' '.join(str(exc).split())[:200]})") from None
+    if "row" not in metrics.columns:
+        raise InputError(f"{mfile}: no 'row' column (expected the metrics table of `dqa scan`)")
+    summary: dict[str, Any] = {}
+    sfile = p / "summary.json"
+    if sfile.is_file():
+        try:
+            summary = json.loads(sfile.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise InputError(f"{sfile}: not valid JSON ({exc})") from None
+    return ScanFolder(path=p, metrics=metrics, summary=summary)
+
+
+def obtain_scan(
+    target: str | Path,
+    metrics_dir: str | Path | None = None,
+    scan_out: str | Path | None = None,
+    tokenizer: str | None = None,
+    thinking: str = "auto",
+    progress: Callable[[int, int], None] | None = None,
+) -> ScanFolder:
+    """The metrics for ``target``: ``metrics_dir`` if given, ``target`` itself if it is a scan
+    folder, otherwise a fresh ``run_scan(target)`` written to ``scan_out`` (default
+    ``dqa-out/<dataset name>/``).
+
+    Raises ``InputError`` for a missing target or unreadable input (from the scan too).
+    """
+    if metrics_dir is not None:
+        return load_scan_folder(metrics_dir)
+    t = Path(target)
+    if is_scan_folder(t):
+        return load_scan_folder(t)
+    if not t.exists():
+        raise InputError(f"{t}: no such dataset or scan folder")
+    from dqa.audit.scan import ScanOptions, default_out_dir, run_scan
+
+    out = Path(scan_out) if scan_out is not None else default_out_dir(t)
+    result = run_scan(t, out, ScanOptions(tokenizer=tokenizer, thinking=thinking), progress=progress)
+    return ScanFolder(path=result.out_dir, metrics=result.metrics, summary=result.summary, scanned_now=True)
