@@ -277,13 +277,13 @@ def load_regen_index(dirs: Iterable[Path]) -> RegenIndex:
                 raise InputError(f"{p}: unreadable or truncated regen shard ({' '.join(str(exc).split())[:160]})") from None
             fi = len(files)
             files.append(p)
-            rows = t.column("row")
+            rows = t.column("row").combine_chunks()
             if rows.null_count:
                 raise InputError(f"{p}: null in column 'row'")
             rows_np = rows.to_numpy().astype(np.int64)
             if rows_np.size and rows_np.min() < 0:
                 raise InputError(f"{p}: negative row {int(rows_np.min())}")
-            status = t.column("status").cast(pa.string())
+            status = t.column("status").combine_chunks().cast(pa.string())
             code = np.full(len(rows_np), -1, dtype=np.int8)
             for i, name in enumerate(STATUSES):
                 code[pc.fill_null(pc.equal(status, name), False).to_numpy(zero_copy_only=False)] = i
@@ -539,10 +539,12 @@ class Merger:
             members = order[np.searchsorted(inverse[order], u): np.searchsorted(inverse[order], u, side="right")]
             t = self.cache.get((int(k >> 32), int(k & 0xFFFFFFFF)))
             pieces.append(t.take(pa.array(idx.offset[sel[members]])))
-        table = pa.concat_tables(pieces, promote_options="permissive") if len(pieces) > 1 else pieces[0]
-        back = np.empty(order.size, dtype=np.int64)
-        back[order] = np.arange(order.size)
-        table = table.take(pa.array(back)).combine_chunks()
+        if len(pieces) == 1:  # the usual case: one row group serves the batch, already in row order
+            table = pieces[0].combine_chunks()
+        else:
+            back = np.empty(order.size, dtype=np.int64)
+            back[order] = np.arange(order.size)
+            table = pa.concat_tables(pieces, promote_options="permissive").take(pa.array(back)).combine_chunks()
         self._validate(table, sel)
         return _Replacement(local=local, table=table)
 
@@ -691,15 +693,47 @@ class Merger:
         return pl.from_arrow(st).struct.json_encode().to_arrow().cast(pa.string())  # type: ignore[union-attr]
 
     def run(self, batch_rows: int, writer: Any, on_batch: Callable[[int], None] | None = None) -> int:
-        """Stream the dataset through ``merge_batch`` into ``writer``; return the number of input rows."""
+        """Stream the dataset through ``merge_batch`` into ``writer``; return the number of input rows.
+
+        Writing (compression, disk) happens on a second thread, at most two merged batches
+        behind, so it overlaps the reading and merging of the next batch. A failure on either
+        side stops both and is raised here.
+        """
+        import queue
+        import threading
+
+        pending: queue.Queue = queue.Queue(maxsize=2)
+        failure: list[BaseException] = []
+
+        def write_behind() -> None:
+            while True:
+                item = pending.get()
+                if item is None:
+                    return
+                if not failure:
+                    try:
+                        writer.write(*item)
+                    except BaseException as exc:  # handed to the merging thread
+                        failure.append(exc)
+
+        thread = threading.Thread(target=write_behind, name="dqa-merge-writer", daemon=True)
+        thread.start()
         start = 0
-        for src, rb in self.ds.record_batches(batch_rows):
-            if rb.num_rows == 0:
-                continue
-            writer.write(src, self.merge_batch(start, rb, src))
-            start += rb.num_rows
-            if on_batch:
-                on_batch(rb.num_rows)
+        try:
+            for src, rb in self.ds.record_batches(batch_rows):
+                if failure:
+                    break
+                if rb.num_rows == 0:
+                    continue
+                pending.put((src, self.merge_batch(start, rb, src)))
+                start += rb.num_rows
+                if on_batch:
+                    on_batch(rb.num_rows)
+        finally:
+            pending.put(None)
+            thread.join()
+        if failure:
+            raise failure[0]
         return start
 
 

@@ -220,3 +220,30 @@ def test_unknown_shard_status_is_exit_2(cli, setup, rows):
     r = cli("merge", src, "--regen", regen, "--out", out)
     assert r.exit_code == 2
     one_line_error(r, "row 3", "'done'")
+
+
+def test_disk_full_while_writing_is_exit_3_and_leaves_nothing(cli, tmp_path, rows, monkeypatch):
+    import errno
+
+    from dqa.audit import writers
+
+    ids = [f"c{i}" for i in range(N)]
+    src = write_dataset(base_table(rows, ids), tmp_path / "data", "parquet-dir", shards=3)
+    regen = tmp_path / "regen"
+    write_shard(regen / "shards" / "part-a-000000.parquet", [shard_record(2, rows[2][0], ids[2])])
+    out = tmp_path / "new"
+    real_write = writers._FileSink.write
+    calls = []
+
+    def full_disk(self, batch):
+        calls.append(1)
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.tmp))
+        return real_write(self, batch)
+
+    monkeypatch.setattr(writers._FileSink, "write", full_disk)
+    r = cli("merge", src, "--regen", regen, "--out", out, "--batch-rows", "1")
+    assert r.exit_code == 3
+    one_line_error(r, "No space left on device")
+    assert nothing_written(out)
+    assert not (tmp_path / "new.merge-report.json").exists()
