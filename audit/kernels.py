@@ -24,9 +24,14 @@ from dqa.audit.template import TemplateSpec
 from dqa.errors import InputError
 
 NGRAM = 8  # n-gram length for repetition
-ANCHOR_SHIFT = np.uint64(61)  # sampled n-grams: first-pair hash with its top 3 bits clear
+ANCHOR_SHIFT = np.uint64(61)  # sampled n-grams start at anchor tokens: mix hash with top 3 bits clear
 SAMPLE_RATE = 1 / 8
 EXACT_MIN_POSITIONS = 64  # under-sampled rows at least this long are measured exactly
+
+# Lookup-table codes: template kind in the low bits, boilerplate flag in the high bit.
+TURN_START, EOT, THINK_OPEN, THINK_CLOSE = 1, 2, 3, 4
+KIND_MASK = 0x0F
+BOILER = 0x80
 
 _K = 0x9E3779B97F4A7C15  # odd multiplier of the polynomial sequence hash
 _K_INV = pow(_K, -1, 1 << 64)
@@ -68,30 +73,33 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
 class KernelTables:
     """Lookup tables built once per scan from the template spec.
 
-    ``code[token]``: 0 for ordinary tokens, 1 turn start, 2 end of turn, 3 ``<think>``, 4 ``</think>``.
-    ``boiler[token]``: True for boilerplate. ``mix[token]``: 64-bit token hash.
+    ``code[token]``: low bits the template kind (0 ordinary, 1 turn start, 2 end of turn,
+    3 ``<think>``, 4 ``</think>``), bit ``BOILER`` set for boilerplate.
+    ``mix[token]``: 64-bit token hash. ``anchor[token]``: True for the 1/8 of the
+    vocabulary where repetition n-grams are sampled.
     ``pow`` / ``pow_inv``: powers of the sequence-hash multiplier and its inverse (grown on demand).
     """
 
     spec: TemplateSpec
     code: np.ndarray
-    boiler: np.ndarray
     mix: np.ndarray
+    anchor: np.ndarray
     pow: np.ndarray = field(default_factory=lambda: np.ones(1, dtype=np.uint64))
     pow_inv: np.ndarray = field(default_factory=lambda: np.ones(1, dtype=np.uint64))
 
     @classmethod
     def build(cls, spec: TemplateSpec) -> "KernelTables":
         code = np.zeros(spec.vocab_size, dtype=np.uint8)
-        code[spec.turn_start] = 1
-        code[spec.eot] = 2
+        code[spec.boilerplate_lut()] = BOILER
+        code[spec.turn_start] |= TURN_START
+        code[spec.eot] |= EOT
         if spec.think_open is not None:
-            code[spec.think_open] = 3
+            code[spec.think_open] |= THINK_OPEN
         if spec.think_close is not None:
-            code[spec.think_close] = 4
+            code[spec.think_close] |= THINK_CLOSE
         mix = splitmix64(np.arange(spec.vocab_size, dtype=np.uint64))
         mix |= np.uint64(1)  # never zero, so a token always contributes
-        return cls(spec=spec, code=code, boiler=spec.boilerplate_lut(), mix=mix)
+        return cls(spec=spec, code=code, mix=mix, anchor=(mix >> ANCHOR_SHIFT) == 0)
 
     def powers(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Return ``(K**i, K**-i) mod 2**64`` for ``i < n``."""
@@ -157,24 +165,22 @@ def _repeat_counts(row: np.ndarray, h: np.ndarray, n: int) -> tuple[np.ndarray, 
     return total, np.bincount(dup_rows, minlength=n)
 
 
-def _ngram_repeat_share(sup_mix: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+def _ngram_repeat_share(sup_mix: np.ndarray, anchors: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     """Share of each row's supervised 8-grams that repeat an earlier 8-gram of the same row.
 
-    Estimated on a consistent sample: the n-grams whose first token pair hashes
-    into a fixed 1/8 of the hash space (equal n-grams are kept or dropped
-    together, so repeats survive sampling). A loop whose few distinct n-grams all
-    miss the sample shows up as a row with far fewer sampled n-grams than its
-    length predicts; such rows are measured exactly on every position.
+    Estimated on a consistent sample: the n-grams that start at an anchor token
+    (``anchors``: positions in ``sup_mix`` of a fixed 1/8 of the vocabulary).
+    Equal n-grams start with equal tokens, so repeats survive sampling. A loop
+    whose few distinct tokens include no anchor shows up as a row with far fewer
+    sampled n-grams than its length predicts; such rows are measured exactly on
+    every position.
     """
     n = len(bounds) - 1
     share = np.zeros(n, dtype=np.float64)
     size = sup_mix.size
     if size < NGRAM:
         return share
-    pair = sup_mix[:-1] * _A + sup_mix[1:]
-    pos = np.flatnonzero((pair >> ANCHOR_SHIFT) == 0)
-    del pair
-    pos = pos[pos + NGRAM <= size]
+    pos = anchors[anchors + NGRAM <= size]
     row = np.searchsorted(bounds, pos, side="right") - 1
     inside = pos + NGRAM <= bounds[row + 1]
     pos, row = pos[inside], row[inside]
@@ -206,7 +212,8 @@ def batch_metrics(batch: TokenBatch, tables: KernelTables) -> dict[str, np.ndarr
     starts, ends = offs[:-1], offs[1:]
     n_tokens = ends - starts
 
-    if ids.size and int(ids.max()) >= spec.vocab_size:
+    max_id = batch.max_id if batch.max_id is not None else (int(ids.max()) if ids.size else -1)
+    if max_id >= spec.vocab_size:
         pos = int(np.argmax(ids >= spec.vocab_size))
         row = batch.start_row + int(np.searchsorted(offs, pos, side="right") - 1)
         raise InputError(
@@ -214,23 +221,28 @@ def batch_metrics(batch: TokenBatch, tables: KernelTables) -> dict[str, np.ndarr
             f"({spec.vocab_size} ids, {spec.name}); wrong --tokenizer?"
         )
 
-    # Dense passes: prefix sums of the mask, of non-boilerplate tokens, of supervised content.
+    # The only dense prefix sum: supervised tokens in any range [a, b) are cs_mask[b] - cs_mask[a].
     cs_mask = _prefix(mask)
     supervised = cs_mask[ends] - cs_mask[starts]
-    content = ~tables.boiler[ids]
-    cs_content = _prefix(content)
-    sup_content = content & mask.view(bool)
-    cs_sup_content = _prefix(sup_content)
-    content_tokens = cs_sup_content[ends] - cs_sup_content[starts]
 
-    # Sparse template positions.
+    # Sparse positions: template tokens and boilerplate, from one lookup-table pass.
     codes = tables.code[ids]
     special = np.flatnonzero(codes)
     special_codes = codes[special]
-    pos_ts = special[special_codes == 1]
-    pos_eot = special[special_codes == 2]
-    pos_open = special[special_codes == 3]
-    pos_close = special[special_codes == 4]
+    kinds = special_codes & KIND_MASK
+    pos_ts = special[kinds == TURN_START]
+    pos_eot = special[kinds == EOT]
+    pos_open = special[kinds == THINK_OPEN]
+    pos_close = special[kinds == THINK_CLOSE]
+    boiler_pos = special[(special_codes & BOILER) != 0]
+    sup_boiler_pos = boiler_pos[mask[boiler_pos] != 0]
+    del codes, special, special_codes, kinds
+
+    def count_in(positions: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """How many of the sorted ``positions`` lie in ``[a, b)``, per row."""
+        return np.searchsorted(positions, b, side="left") - np.searchsorted(positions, a, side="left")
+
+    content_tokens = supervised - count_in(sup_boiler_pos, starts, ends)
 
     # Assistant headers: a turn start followed by the rest of the header, inside the same row.
     header = np.asarray(spec.assistant_header, dtype=np.int64)
@@ -269,9 +281,11 @@ def batch_metrics(batch: TokenBatch, tables: KernelTables) -> dict[str, np.ndarr
     close_at, think_closed = first_at_or_after(pos_close, open_at + 1, final_end)
     think_closed &= think_present
     think_stop = np.where(think_closed, close_at, final_end)
-    thinking_tokens = np.where(think_present, cs_content[think_stop] - cs_content[np.minimum(open_at + 1, think_stop)], 0)
+    think_from = np.minimum(open_at + 1, think_stop)
+    thinking_tokens = np.where(think_present, (think_stop - think_from) - count_in(boiler_pos, think_from, think_stop), 0)
     answer_start = np.where(think_closed, close_at + 1, np.where(think_present, final_end, content_start))
-    answer_tokens = np.where(has_assistant, cs_sup_content[final_end] - cs_sup_content[answer_start], 0)
+    answer_sup = (cs_mask[final_end] - cs_mask[answer_start]) - count_in(sup_boiler_pos, answer_start, final_end)
+    answer_tokens = np.where(has_assistant, answer_sup, 0)
 
     # Last supervised position: the first index where the mask prefix reaches the row's total.
     last_sup = np.searchsorted(cs_mask, cs_mask[ends], side="left") - 1
@@ -306,7 +320,7 @@ def batch_metrics(batch: TokenBatch, tables: KernelTables) -> dict[str, np.ndarr
     sup_mix = tables.mix[sup_ids]
     sup_bounds = cs_mask[offs]
     supervised_hash = _sequence_hash(sup_mix, sup_bounds, tables)
-    ngram_share = _ngram_repeat_share(sup_mix, sup_bounds)
+    ngram_share = _ngram_repeat_share(sup_mix, np.flatnonzero(tables.anchor[sup_ids]), sup_bounds)
     del sup_ids
     del sup_mix
     uns_mix = tables.mix[ids[~mb]]

@@ -75,6 +75,7 @@ class TokenBatch:
         label_mismatch: per row, supervised positions whose label differs from the
             input id (labels convention only; zeros otherwise).
         row_ids: the id column as an Arrow array, or None.
+        max_id: the largest token id (already computed while validating), or None.
     """
 
     start_row: int
@@ -85,6 +86,7 @@ class TokenBatch:
     mask_lengths: np.ndarray
     label_mismatch: np.ndarray
     row_ids: pa.Array | None
+    max_id: int | None = None
 
     @property
     def num_rows(self) -> int:
@@ -408,8 +410,9 @@ def _row_of(offsets: np.ndarray, pos: int) -> int:
 
 def _to_token_batch(rb: pa.RecordBatch, columns: Columns, f: Path, start_row: int) -> TokenBatch:
     ids_vals, offsets = _list_parts(rb.column(columns.ids), f, columns.ids, start_row)
+    lo = hi = -1
     if ids_vals.size:
-        lo, hi = ids_vals.min(), ids_vals.max()
+        lo, hi = int(ids_vals.min()), int(ids_vals.max())
         if lo < 0:
             pos = int(np.argmax(ids_vals < 0))
             raise InputError(f"{f}: column {columns.ids!r}, row {start_row + _row_of(offsets, pos)}: negative token id {int(lo)}")
@@ -431,7 +434,7 @@ def _to_token_batch(rb: pa.RecordBatch, columns: Columns, f: Path, start_row: in
                 raise InputError(
                     f"{f}: column {sup_col!r}, row {start_row + _row_of(sup_off, pos)}: value {int(sup_vals[pos])} (expected 0 or 1)"
                 )
-            mvals = sup_vals.astype(np.uint8, copy=False)
+            mvals = sup_vals.view(np.uint8) if sup_vals.dtype == np.int8 else sup_vals.astype(np.uint8)
         label_vals = None
     else:
         bad = (sup_vals < 0) & (sup_vals != IGNORE_INDEX)
@@ -477,6 +480,7 @@ def _to_token_batch(rb: pa.RecordBatch, columns: Columns, f: Path, start_row: in
         mask_lengths=sup_lengths,
         label_mismatch=label_mismatch,
         row_ids=row_ids,
+        max_id=hi,
     )
 
 

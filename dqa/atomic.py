@@ -44,6 +44,10 @@ def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + dest.name + ".", dir=dest.parent)
     os.close(fd)
+    # mkstemp makes 0600 files; give the result the mode a plain open() would (0666 & ~umask).
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     tmp_path = Path(tmp)
     try:
         yield tmp_path

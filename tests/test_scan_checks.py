@@ -221,11 +221,12 @@ def test_loops_of_every_period_are_measured(seed):
     from dqa.audit.kernels import KernelTables, _ngram_repeat_share
     from dqa.audit.template import qwen3_preset
 
-    mix = KernelTables.build(qwen3_preset()).mix
+    tables = KernelTables.build(qwen3_preset())
     rng = np.random.default_rng(seed)
     rows = [np.tile(rng.integers(0, 150_000, period), 600 // period + 1)[:600] for period in range(2, 41)]
     rows += [rng.integers(0, 150_000, 600) for _ in range(10)]
     bounds = np.concatenate(([0], np.cumsum([len(r) for r in rows])))
-    share = _ngram_repeat_share(mix[np.concatenate(rows)], bounds)
+    tokens = np.concatenate(rows)
+    share = _ngram_repeat_share(tables.mix[tokens], np.flatnonzero(tables.anchor[tokens]), bounds)
     assert (share[:39] > 0.8).all(), share[:39]
     assert (share[39:] < 0.05).all()
