@@ -126,8 +126,8 @@ def base_table(rows: list[tuple[list[int], list[int]]], ids: list[str] | None = 
 
 
 def write_dataset(table: pa.Table, path: Path, fmt: str, shards: int = 2) -> Path:
-    """Write ``table`` as ``fmt`` at ``path``: parquet, parquet-dir, jsonl, arrow (IPC file),
-    arrow-stream, hf (``datasets`` save_to_disk). Returns the dataset path."""
+    """Write ``table`` as ``fmt`` at ``path``: parquet, parquet-dir, jsonl, jsonl-dir, arrow (IPC
+    file), arrow-dir, arrow-stream, hf (``datasets`` save_to_disk). Returns the dataset path."""
     import pyarrow.ipc as ipc
 
     if fmt == "parquet":
@@ -143,6 +143,11 @@ def write_dataset(table: pa.Table, path: Path, fmt: str, shards: int = 2) -> Pat
         with open(path, "w") as fh:
             for rec in table.to_pylist():
                 fh.write(json.dumps(rec) + "\n")
+    elif fmt in ("jsonl-dir", "arrow-dir"):
+        path.mkdir(parents=True)
+        for k, part in enumerate(_split(table, shards)):
+            name = f"part-{k:03d}" + (".jsonl" if fmt == "jsonl-dir" else ".arrow")
+            write_dataset(part, path / name, fmt[:-4])
     elif fmt == "arrow":
         with ipc.new_file(str(path), table.schema) as w:
             w.write_table(table, max_chunksize=4)
@@ -165,9 +170,9 @@ def _split(table: pa.Table, parts: int) -> list[pa.Table]:
 
 
 FORMAT_NAMES = {"parquet": "data.parquet", "parquet-dir": "data", "jsonl": "data.jsonl", "arrow": "data.arrow",
-                "arrow-stream": "data.arrow", "hf": "data"}
+                "arrow-stream": "data.arrow", "hf": "data", "jsonl-dir": "data", "arrow-dir": "data"}
 OUT_NAMES = {"parquet": "new.parquet", "parquet-dir": "new", "jsonl": "new.jsonl", "arrow": "new.arrow",
-             "arrow-stream": "new.arrow", "hf": "new"}
+             "arrow-stream": "new.arrow", "hf": "new", "jsonl-dir": "new", "arrow-dir": "new"}
 
 
 def read_back(path: Path) -> pa.Table:

@@ -36,7 +36,7 @@ from dqa.regen.merge import PROVENANCE_COLUMN, merge, report_path
 N = 10
 REPLACED = {1: "ok", 4: "ok", 7: "length"}
 FAILED = 8
-FORMATS = ["parquet", "parquet-dir", "jsonl", "arrow", "arrow-stream", "hf"]
+FORMATS = ["parquet", "parquet-dir", "jsonl", "jsonl-dir", "arrow", "arrow-stream", "arrow-dir", "hf"]
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def expected_new(rows, r: int) -> tuple[list[int], list[int]]:
 
 def provenance(back: pa.Table, r: int, fmt: str):
     v = back.column(PROVENANCE_COLUMN)[r].as_py()
-    return json.loads(v) if fmt == "jsonl" else v
+    return json.loads(v) if fmt.startswith("jsonl") else v
 
 
 def data_files(path: Path) -> list[str]:
@@ -103,7 +103,7 @@ def test_replaced_rows_are_prompt_plus_output_and_the_rest_reads_back_unchanged(
             assert prov["endpoint"] == "http://10.0.0.5:30000" and prov["model"] == "Qwen3-27B"
             assert prov["sampling"] == SAMPLING
             when = prov["completed_at"]
-            assert (when == WHEN) if fmt != "jsonl" else (when.startswith("2026-11-30T08:00:00.123456"))
+            assert (when == WHEN) if not fmt.startswith("jsonl") else (when.startswith("2026-11-30T08:00:00.123456"))
         else:
             for c in orig.column_names:
                 assert back.column(c)[r] == orig.column(c)[r], (r, c)
