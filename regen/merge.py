@@ -371,16 +371,14 @@ class _GroupCache:
         self._tables[key] = t
         return t
 
-    def release(self, passed_row: int, keep: set[tuple[int, int]]) -> None:
-        """Drop groups whose rows all lie before ``passed_row``; then shrink to the budget, sparing ``keep``."""
+    def release(self, passed_row: int) -> None:
+        """Drop groups whose rows all lie before ``passed_row``; then shrink to the budget (oldest use first)."""
         for key in [k for k in self._tables if self.last_use.get(k, -1) < passed_row]:
             del self._tables[key]
         total = sum(t.nbytes for t in self._tables.values())
         for key in list(self._tables):
             if total <= self.budget:
                 break
-            if key in keep:
-                continue
             total -= self._tables.pop(key).nbytes
             self._files.pop(key[0], None)
 
@@ -463,7 +461,7 @@ class Merger:
             return stored
         return stored.append(pa.field(PROVENANCE_COLUMN, self.provenance_type))
 
-    def merge_batch(self, start: int, rb: pa.RecordBatch, src: Path) -> pa.RecordBatch:
+    def merge_batch(self, start: int, rb: pa.RecordBatch) -> pa.RecordBatch:
         """The merged version of ``rb`` (dataset rows ``start .. start + len``)."""
         n = rb.num_rows
         idx = self.index
@@ -510,12 +508,14 @@ class Merger:
         if rep is not None:
             self.replaced += rep.local.size
             self.truncated += int(np.count_nonzero(status[rep_sel] == _LENGTH))
-        self.cache.release(start + n, set())
+        self.cache.release(start + n)
         return out
 
     def _failed_reasons(self, sel: np.ndarray) -> np.ndarray:
-        errs = self.index.errors.take(pa.array(sel, type=pa.int64())).to_pylist() if sel.size else []
-        return np.array([f"regeneration failed: {e}" if e else "regeneration failed" for e in errs], dtype=object)
+        """``regeneration failed: <the shard's error>`` for the index positions ``sel``."""
+        errs = self.index.errors.take(pa.array(sel, type=pa.int64()))
+        text = pc.binary_join_element_wise("regeneration failed: ", errs, "")
+        return pc.fill_null(text, "regeneration failed").to_numpy(zero_copy_only=False).astype(object)
 
     def _check_ids(self, rb: pa.RecordBatch, local: np.ndarray, shard_ids: pa.Array, rows: np.ndarray, lo: int) -> None:
         mine = _as_strings(rb.column(self.id_col).take(pa.array(local)))
@@ -725,7 +725,7 @@ class Merger:
                     break
                 if rb.num_rows == 0:
                     continue
-                pending.put((src, self.merge_batch(start, rb, src)))
+                pending.put((src, self.merge_batch(start, rb)))
                 start += rb.num_rows
                 if on_batch:
                     on_batch(rb.num_rows)
