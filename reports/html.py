@@ -157,7 +157,8 @@ def throughput(shards: pl.DataFrame, buckets: int = THROUGHPUT_BUCKETS) -> tuple
     tok = shards["output_tokens"].fill_null(0).to_numpy().astype(np.float64)
     t0, span = float(t.min()), float(t.max() - t.min())
     width = max(1.0, span / buckets)
-    n = max(1, int(math.floor(span / width)) + 1)
+    # The last completion closes the last bucket instead of opening a near-empty one.
+    n = max(1, int(math.ceil(span / width)))
     idx = np.minimum(((t - t0) / width).astype(np.int64), n - 1)
     tok_per_s = np.bincount(idx, weights=tok, minlength=n) / width
     done = np.cumsum(np.bincount(idx, minlength=n))
@@ -281,9 +282,9 @@ def _section_regen(inp: ReportInputs) -> str:
     if sh is not None and sh.height:
         xs, tps, done, width = throughput(sh)
         parts.append(line_chart(f"Output tokens per second (buckets of {duration(width)})", xs, [Series("output tok/s", tps, "#2e86ab")],
-                                "tokens / s", "time since the first completion", x_fmt=duration))
+                                "tokens / s", "time since the first completion", x_fmt=duration, x_min=0.0))
         parts.append(line_chart("Completed samples", xs, [Series("completed (cumulative)", done, "#66a182")],
-                                "samples", "time since the first completion", x_fmt=duration))
+                                "samples", "time since the first completion", x_fmt=duration, x_min=0.0))
         status = sh.group_by("status").len().sort("len", descending=True)
         parts.append('<p class="note">Shard rows: ' + ", ".join(f"{esc(s)} {n:,}" for s, n in status.iter_rows()) + "</p>")
     else:

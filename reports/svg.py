@@ -113,13 +113,16 @@ def grouped_bars(title: str, bin_labels: Sequence[str], series: Sequence[Series]
 
 
 def line_chart(title: str, xs: Sequence[float], series: Sequence[Series], y_label: str, x_label: str,
-               x_fmt=short_number) -> str:
-    """Lines over a shared x axis (e.g. seconds since start); returns the ``<svg>`` element as text."""
+               x_fmt=short_number, x_min: float | None = None) -> str:
+    """Lines over a shared x axis (e.g. seconds since start); returns the ``<svg>`` element as text.
+
+    ``x_min`` starts the axis there (e.g. 0) instead of at the first point.
+    """
     top = max((max(s.values) if len(s.values) else 0.0) for s in series) if series else 0.0
     ticks = nice_ticks(top or 1.0)
     ymax = ticks[-1] or 1.0
     plot_h = H - PAD_T - PAD_B
-    x_lo = min(xs) if len(xs) else 0.0
+    x_lo = x_min if x_min is not None else (min(xs) if len(xs) else 0.0)
     x_hi = max(xs) if len(xs) else 1.0
     span = (x_hi - x_lo) or 1.0
 
