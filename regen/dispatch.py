@@ -314,8 +314,9 @@ class Dispatcher:
         else:
             outcome, rejected, latency = task.result()
         if rejected:
+            if rejected - ep.extras_off:
+                self.log(f"{ep.name}: server rejects {', '.join(sorted(rejected))}; sending without them")
             ep.extras_off = ep.extras_off | rejected
-            self.log(f"{ep.name}: server rejects {', '.join(sorted(rejected))}; sending without them")
             job.attempts -= 1
             self._requeue_now(job)
             return

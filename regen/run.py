@@ -225,7 +225,7 @@ def regenerate(config: RegenConfig) -> RunResult:
 
     # --- dataset, template, selection ----------------------------------------------------
     ds = open_dataset(c.dataset)
-    spec = load_template(c.tokenizer)
+    spec = load_template(c.tokenizer, decode=protocol_name == "openai")
     num_rows = _count_rows(ds)
     findings = Path(c.findings) if c.findings else default_findings(ds.name)
     rows_all = select_rows(num_rows, findings if c.failed_only else None, c.failed_only, c.reasons, (0, 1), None)
@@ -396,7 +396,9 @@ async def _drive(dispatcher: Dispatcher, progress: Progress, out: Path, c: Regen
 
     reporter = loop.create_task(report())
     try:
-        return await dispatcher.run()
+        state = await dispatcher.run()
+        progress.state = state
+        return state
     finally:
         reporter.cancel()
         with contextlib.suppress(asyncio.CancelledError):

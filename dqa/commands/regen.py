@@ -10,20 +10,13 @@ from dqa.commands.common import handles_errors
 
 HELP = """Regenerate the samples `dqa scan` flagged, with thinking on, on a fleet of SGLang (or OpenAI-compatible) servers.
 
-The prompt is each sample's own input_ids up to its last assistant header (a prefilled empty
-think block is dropped, so the model thinks); the new sample is prompt + the server's output
-tokens, loss_mask 0 over the prompt and 1 over the output. Results go to parquet shards in
---out (see FORMATS.md); progress.json there is rewritten every ~2 s.
+The prompt is each sample's own input_ids up to its last assistant header (a prefilled empty think block is dropped, so the model thinks); the new sample is prompt + the server's output tokens, loss_mask 0 over the prompt and 1 over the output. Results go to parquet shards in --out (see FORMATS.md); progress.json there is rewritten every ~2 s.
 
-Resumable: rerun the same command after a crash, kill -9 or Ctrl-C; finished rows are never
-sent or written again. First Ctrl-C (or SIGTERM) stops dispatching and drains in-flight
-requests; a second one cancels them. Exit 0 when every selected row is recorded (ok, length
-or failed), 2 for bad input or an --out made for another run, 3 when interrupted or when all
-endpoints stayed down past the deadline.
+Resumable: rerun the same command after a crash, kill -9 or Ctrl-C; finished rows are never sent or written again. The first Ctrl-C (or SIGTERM) stops dispatching and drains in-flight requests; a second one cancels them.
 
-Example:
+Example:  dqa regen data/train.parquet --fleet fleet.json --out regen/ --gpu-hour-cost 6.5
 
-  dqa regen data/train.parquet --fleet fleet.json --out regen/ --gpu-hour-cost 6.5
+Exit codes: 0 every selected row recorded (ok, length or failed), 2 bad input or an --out made for another run, 3 interrupted or all endpoints down past --down-deadline.
 """
 
 
