@@ -125,6 +125,17 @@ def _prefix(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _segment_sums(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Wrapping uint64 sum of ``values[lo[r]:hi[r]]`` per segment (0 for empty segments)."""
+    out = np.zeros(len(lo), dtype=np.uint64)
+    nonempty = np.flatnonzero(hi > lo)
+    if nonempty.size:
+        # reduceat sums from each start to the next start; empty segments are dropped first,
+        # and the segments are contiguous, so each sum ends exactly at its own end.
+        out[nonempty] = np.add.reduceat(values[: hi[nonempty[-1]]], lo[nonempty])
+    return out
+
+
 def _sequence_hash(tokens_mix: np.ndarray, bounds: np.ndarray, tables: KernelTables) -> np.ndarray:
     """Order-sensitive 64-bit hash of each segment ``tokens_mix[bounds[r]:bounds[r+1]]``.
 
@@ -135,12 +146,9 @@ def _sequence_hash(tokens_mix: np.ndarray, bounds: np.ndarray, tables: KernelTab
     if tokens_mix.size == 0:
         return np.zeros(n, dtype=np.uint64)
     p, p_inv = tables.powers(tokens_mix.size + 1)
-    weighted = tokens_mix * p[: tokens_mix.size]
-    cs = np.empty(tokens_mix.size + 1, dtype=np.uint64)
-    cs[0] = 0
-    np.cumsum(weighted, out=cs[1:])
+    weighted = np.multiply(tokens_mix, p[: tokens_mix.size])
     lo, hi = bounds[:-1], bounds[1:]
-    h = (cs[hi] - cs[lo]) * p_inv[np.minimum(lo, tokens_mix.size)]
+    h = _segment_sums(weighted, lo, hi) * p_inv[np.minimum(lo, tokens_mix.size)]
     lengths = (hi - lo).astype(np.uint64)
     h = splitmix64(h ^ (lengths * _C))
     h[lengths == 0] = 0

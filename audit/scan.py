@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dqa import atomic
+from dqa.memory import reuse_freed_memory
 from dqa.audit import checks as checks_mod
 from dqa.audit.kernels import METRIC_COLUMNS, KernelTables, batch_metrics
 from dqa.audit.readers import Dataset, TokenBatch, open_dataset
@@ -225,6 +226,7 @@ def run_scan(
     """
     options = options or ScanOptions()
     t0 = time.perf_counter()
+    reuse_freed_memory()
     selected = _selected_checks(options)
     params = checks_mod.default_params()
     checks_mod.apply_overrides(params, options.overrides, "config")
