@@ -107,13 +107,14 @@ def _run(dataset, regen, out, failed, force, check_prompts, batch_rows, ids_colu
         if progress is not None:
             progress.stop()
     if not quiet:
-        how = "kept as they were" if failed == "keep" else "dropped"
         trunc = f" ({summary.truncated:,} truncated: status length)" if summary.truncated else ""
+        fate = ""
+        if summary.unregenerated:
+            fate = " (kept as they were)" if failed == "keep" else " (dropped)"
         print(
             f"dqa merge: {summary.rows_in:,} rows in, {summary.replaced:,} replaced{trunc}, "
-            f"{summary.unregenerated:,} could not be regenerated ({how}: {summary.kept:,} kept, "
-            f"{summary.dropped:,} dropped), {summary.rows_out:,} rows out -> {summary.output} "
-            f"(report: {summary.report}) in {summary.elapsed_s:.1f}s",
+            f"{summary.unregenerated:,} could not be regenerated{fate}, {summary.rows_out:,} rows out "
+            f"-> {summary.output} (report: {summary.report}) in {summary.elapsed_s:.1f}s",
             file=sys.stderr,
         )
         for note in summary.selection:
