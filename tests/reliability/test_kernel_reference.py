@@ -1,0 +1,339 @@
+"""The vectorized metric kernel (``dqa.audit.kernels.batch_metrics``) equals a slow, obvious,
+one-row-at-a-time Python reference written here from FORMATS.md, for random ChatML-ish rows,
+whatever the batch split.
+
+Rows are drawn from Qwen3 template pieces (system/user/assistant turns, think blocks open or
+closed, end-of-turn present or not, whitespace boilerplate, repeated phrases), then cut short,
+spliced with noise, and given masks that follow the assistant turns, cover everything, nothing,
+or random positions, in either convention (``loss_mask`` or ``labels``, with some labels that
+differ from their input id) and sometimes of the wrong length. The dataset is written to
+parquet and read back through ``dqa.audit.readers`` with a random ``batch_rows`` and
+``max_tokens``, so the comparison covers the reader's flattening and the kernel's batch
+independence together.
+
+Soak (DQA_SOAK=1): 2,000 examples instead of 150.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dqa.audit.kernels import NGRAM, SAMPLE_RATE, EXACT_MIN_POSITIONS, KernelTables, batch_metrics
+from dqa.audit.readers import open_dataset
+from dqa.audit.template import qwen3_preset
+
+IM_START, IM_END, NL, NL2, THINK, END_THINK = 151644, 151645, 198, 271, 151667, 151668
+ASSISTANT, USER, SYSTEM, EOS, SPACE = 77091, 872, 8948, 151643, 220
+WORDS = [1000, 1001, 1002, 1003, 3925, 13, 40, 2167]  # a small pool, so duplicates and loops happen
+
+EXAMPLES = 2000 if os.environ.get("DQA_SOAK") == "1" else 150
+
+SPEC = qwen3_preset(decode=False)
+TABLES = KernelTables.build(SPEC)
+
+
+# ------------------------------------------------------------------------- the reference
+
+
+def reference_row(t: list[int], sup: list[int], convention: str) -> dict:
+    """Every per-sample metric of FORMATS.md for one row, computed the slow obvious way.
+
+    ``sup`` is the stored supervision list (0/1 mask, or labels with -100).
+    """
+    L = len(t)
+    boiler = SPEC.boilerplate
+    hdr = list(SPEC.assistant_header)
+    h = len(hdr)
+    n_mask = len(sup)
+    mismatch = 0
+    if n_mask != L:
+        m = [0] * L  # a mask of the wrong length supervises nothing
+    elif convention == "loss_mask":
+        m = [int(bool(x)) for x in sup]
+    else:
+        m = [int(lab != -100) for lab in sup]
+        mismatch = sum(1 for lab, tok in zip(sup, t) if lab != -100 and lab != tok)
+    supervised = sum(m)
+    content = sum(1 for i in range(L) if m[i] and t[i] not in boiler)
+
+    headers = [i for i in range(L - h + 1) if t[i:i + h] == hdr]
+    has_assistant = bool(headers)
+    think_present = think_closed = final_closed = False
+    thinking = answer = 0
+    if has_assistant:
+        cstart = headers[-1] + h
+        prompt_tokens = cstart
+        eots = [i for i in range(cstart, L) if t[i] == IM_END]
+        final_closed = bool(eots)
+        fend = eots[0] + 1 if eots else L
+        opens = [i for i in range(cstart, fend) if t[i] == THINK]
+        think_present = bool(opens)
+        if think_present:
+            closes = [i for i in range(opens[0] + 1, fend) if t[i] == END_THINK]
+            think_closed = bool(closes)
+            stop = closes[0] if closes else fend
+            thinking = sum(1 for i in range(opens[0] + 1, stop) if t[i] not in boiler)
+            astart = closes[0] + 1 if closes else fend
+        else:
+            astart = cstart
+        answer = sum(1 for i in range(astart, fend) if m[i] and t[i] not in boiler)
+    else:
+        prompt_tokens = L
+
+    sup_pos = [i for i in range(L) if m[i]]
+    last_eot = False
+    if sup_pos:
+        j = sup_pos[-1]
+        last_eot = t[j] == IM_END or (j + 1 < L and t[j + 1] == IM_END)
+
+    # Supervised tokens inside assistant turns: header end .. end of turn (+ one newline), cut at the next turn start.
+    inside = 0
+    for hp in headers:
+        a = hp + h
+        e = next((i for i in range(a, L) if t[i] == IM_END), None)
+        b = L if e is None else e + 1
+        if e is not None and b < L and t[b] == NL:
+            b += 1
+        nxt = next((i for i in range(a, L) if t[i] == IM_START), None)
+        if nxt is not None:
+            b = min(b, nxt)
+        inside += sum(m[a:b])
+
+    seq = [t[i] for i in sup_pos]
+    return {
+        "n_tokens": L,
+        "n_mask": n_mask,
+        "supervised_tokens": supervised,
+        "content_tokens": content,
+        "prompt_tokens": prompt_tokens,
+        "thinking_tokens": thinking,
+        "answer_tokens": answer,
+        "has_assistant": has_assistant,
+        "think_present": think_present,
+        "think_closed": think_closed,
+        "final_turn_closed": final_closed,
+        "last_supervised_eot": last_eot,
+        "misaligned_tokens": supervised - inside + mismatch,
+        "ngram_repeat_share": reference_repeat_share(seq),
+        "_supervised_seq": tuple(seq),
+        "_prompt_seq": tuple(t[i] for i in range(L) if not m[i]),
+    }
+
+
+def reference_repeat_share(seq: list[int]) -> float:
+    """The documented estimator, on token tuples instead of hashes.
+
+    The 8-grams of the supervised sequence that start at an anchor token (a fixed 1/8 of the
+    vocabulary) are the sample; share = (sampled n-grams - distinct ones) / sampled. A row with
+    at least 64 n-gram positions but fewer than half the expected samples is measured on every
+    position instead.
+    """
+    positions = max(len(seq) - NGRAM + 1, 0)
+    grams = [tuple(seq[i:i + NGRAM]) for i in range(positions)]
+    sampled = [g for g in grams if TABLES.anchor[g[0]]]
+    if positions >= EXACT_MIN_POSITIONS and len(sampled) < positions * (SAMPLE_RATE / 2):
+        sampled = grams
+    if not sampled:
+        return 0.0
+    return (len(sampled) - len(set(sampled))) / len(sampled)
+
+
+# ------------------------------------------------------------------------- random rows
+
+
+def turn(draw, role: int) -> list[int]:
+    body = draw(st.lists(st.sampled_from(WORDS + [SPACE, NL, NL2]), max_size=6))
+    return [IM_START, role, NL, *body, IM_END, NL]
+
+
+def assistant_turn(draw) -> list[int]:
+    out = [IM_START, ASSISTANT, NL]
+    if draw(st.booleans()):
+        out.append(THINK)
+        think = draw(st.lists(st.sampled_from(WORDS + [NL, NL2, SPACE]), max_size=8))
+        if draw(st.booleans()):  # a thinking loop: one phrase many times
+            phrase = draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=4))
+            think += phrase * draw(st.integers(2, 40))
+        out += think
+        if draw(st.integers(0, 4)):
+            out += [END_THINK, NL2]
+    answer = draw(st.lists(st.sampled_from(WORDS + [NL, SPACE, EOS]), max_size=8))
+    if draw(st.integers(0, 3)) == 0:
+        answer = [3925, 13]  # the canned "OK."
+    out += answer
+    if draw(st.integers(0, 4)):
+        out.append(IM_END)
+        if draw(st.booleans()):
+            out.append(NL)
+    return out
+
+
+@st.composite
+def chat_row(draw):
+    """(input_ids, 0/1 mask, labels) for one row."""
+    t: list[int] = []
+    spans: list[tuple[int, int]] = []  # assistant content spans, for the "follow the turns" mask
+    if draw(st.booleans()):
+        t += turn(draw, SYSTEM)
+    for _ in range(draw(st.integers(0, 3))):
+        t += turn(draw, USER)
+        a = assistant_turn(draw)
+        spans.append((len(t) + 3, len(t) + len(a)))
+        t += a
+    if draw(st.integers(0, 5)) == 0:  # noise: stray template tokens anywhere
+        noise = draw(st.lists(st.sampled_from([IM_START, IM_END, THINK, END_THINK, ASSISTANT, NL, EOS, 1000]), max_size=6))
+        at = draw(st.integers(0, len(t)))
+        t = t[:at] + noise + t[at:]
+    if t and draw(st.integers(0, 4)) == 0:  # truncated
+        t = t[: draw(st.integers(0, len(t)))]
+    L = len(t)
+    style = draw(st.sampled_from(["turns", "turns", "all", "none", "random"]))
+    if style == "turns":
+        m = [0] * L
+        for a, b in spans:
+            for i in range(a, min(b, L)):
+                m[i] = 1
+    elif style == "all":
+        m = [1] * L
+    elif style == "none":
+        m = [0] * L
+    else:
+        m = draw(st.lists(st.integers(0, 1), min_size=L, max_size=L))
+    if L and draw(st.integers(0, 5)) == 0:  # a few flipped positions (header or user text supervised)
+        for i in draw(st.lists(st.integers(0, L - 1), max_size=3)):
+            m[i] ^= 1
+    labels = [tok if mk else -100 for tok, mk in zip(t, m)]
+    if L and draw(st.integers(0, 6)) == 0:  # a supervised label that is not its input id
+        i = draw(st.integers(0, L - 1))
+        labels[i] = 1003 if t[i] != 1003 else 1002
+    if draw(st.integers(0, 12)) == 0:  # stored supervision of the wrong length
+        extra = draw(st.integers(1, 2))
+        m, labels = (m + [0] * extra, labels + [-100] * extra) if draw(st.booleans()) or not L else (m[:-1], labels[:-1])
+    return t, m, labels
+
+
+@st.composite
+def datasets(draw):
+    rows = draw(st.lists(chat_row(), min_size=1, max_size=14))
+    if len(rows) > 1 and draw(st.booleans()):  # exact duplicates and shared responses
+        rows.append(rows[draw(st.integers(0, len(rows) - 1))])
+    return {
+        "rows": rows,
+        "convention": draw(st.sampled_from(["loss_mask", "labels"])),
+        "mask_type": draw(st.sampled_from([pa.uint8(), pa.int64(), pa.bool_(), pa.int8()])),
+        "ids_type": draw(st.sampled_from([pa.int32(), pa.int64(), pa.uint32()])),
+        "batch_rows": draw(st.integers(1, 16)),
+        "max_tokens": draw(st.integers(1, 400)),
+    }
+
+
+def write(case, path: Path) -> None:
+    ids = pa.array([r[0] for r in case["rows"]], pa.list_(case["ids_type"]))
+    if case["convention"] == "loss_mask":
+        sup = pa.array([r[1] for r in case["rows"]], pa.list_(pa.int64())).cast(pa.list_(case["mask_type"]))
+    else:
+        sup = pa.array([r[2] for r in case["rows"]], pa.list_(pa.int64()))
+    pq.write_table(pa.table({"id": [f"s{i}" for i in range(len(case["rows"]))], "input_ids": ids, case["convention"]: sup}), path)
+
+
+def kernel_metrics(path: Path, batch_rows: int, max_tokens: int) -> tuple[dict[str, np.ndarray], list[int]]:
+    """All batches' metrics concatenated, and the start rows of the batches."""
+    ds = open_dataset(path)
+    parts, starts = [], []
+    for b in ds.batches(batch_rows=batch_rows, max_tokens=max_tokens):
+        starts.append(b.start_row)
+        parts.append(batch_metrics(b, TABLES))
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, starts
+
+
+# ------------------------------------------------------------------------- properties
+
+
+EXACT = ("n_tokens", "n_mask", "supervised_tokens", "content_tokens", "prompt_tokens", "thinking_tokens", "answer_tokens",
+         "has_assistant", "think_present", "think_closed", "final_turn_closed", "last_supervised_eot", "misaligned_tokens")
+
+
+def check_against_reference(case, got: dict[str, np.ndarray]) -> None:
+    ref = [reference_row(t, m if case["convention"] == "loss_mask" else lab, case["convention"]) for t, m, lab in case["rows"]]
+    for col in EXACT:
+        want = [r[col] for r in ref]
+        have = got[col].tolist()
+        bad = [i for i, (a, b) in enumerate(zip(want, have)) if a != b]
+        assert not bad, f"{col}: row {bad[0]} kernel {have[bad[0]]} != reference {want[bad[0]]}; row {case['rows'][bad[0]]}"
+    np.testing.assert_allclose(got["ngram_repeat_share"], [r["ngram_repeat_share"] for r in ref], rtol=0, atol=1e-12)
+    # Hashes: equal exactly when the sequences are equal; 0 exactly when the sequence is empty.
+    for col, key in (("supervised_hash", "_supervised_seq"), ("prompt_hash", "_prompt_seq")):
+        hashes = got[col].tolist()
+        seqs = [r[key] for r in ref]
+        for i in range(len(seqs)):
+            assert (hashes[i] == 0) == (len(seqs[i]) == 0), f"{col}: row {i}"
+            for j in range(i):
+                assert (hashes[i] == hashes[j]) == (seqs[i] == seqs[j]), f"{col}: rows {j} and {i}"
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(datasets())
+def test_kernel_metrics_equal_the_row_by_row_reference_for_any_batch_split(case):
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "set.parquet"
+        write(case, path)
+        got, starts = kernel_metrics(path, case["batch_rows"], case["max_tokens"])
+        whole, _ = kernel_metrics(path, 4096, 10**9)
+    assert starts == sorted(starts) and starts[0] == 0
+    check_against_reference(case, got)
+    for col in got:  # batch-independent to the bit, hashes and float shares included
+        assert np.array_equal(got[col], whole[col]), col
+
+
+def test_a_long_loop_without_anchor_tokens_is_measured_exactly():
+    """A 1-token loop whose token is no anchor has no sampled n-grams: the exact fallback must see it."""
+    tok = next(i for i in WORDS if not TABLES.anchor[i])
+    t = [IM_START, ASSISTANT, NL] + [tok] * 200 + [IM_END]
+    m = [0, 0, 0] + [1] * 201
+    case = {"rows": [(t, m, t)], "convention": "loss_mask", "mask_type": pa.uint8(), "ids_type": pa.int32()}
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "loop.parquet"
+        write(case, path)
+        got, _ = kernel_metrics(path, 8, 10**6)
+    check_against_reference(case, got)
+    assert got["ngram_repeat_share"][0] > 0.9
+
+
+@pytest.mark.parametrize("cut", [0, 1, 3, 5, 7])
+def test_the_ok_answer_and_its_truncations(cut):
+    """The seed's degenerate answer, whole and cut at each point, through the same comparison."""
+    prompt = [IM_START, USER, NL, 1000, IM_END, NL, IM_START, ASSISTANT, NL]
+    ok = [THINK, NL2, END_THINK, NL2, 3925, 13, IM_END]
+    t = prompt + ok[: len(ok) - cut]
+    m = [0] * len(prompt) + [1] * (len(t) - len(prompt))
+    case = {"rows": [(t, m, t)], "convention": "loss_mask", "mask_type": pa.uint8(), "ids_type": pa.int32()}
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "ok.parquet"
+        write(case, path)
+        got, _ = kernel_metrics(path, 1, 1)
+    check_against_reference(case, got)
+
+
+def test_a_header_split_across_two_rows_is_no_header():
+    """Row 0 ends with <|im_start|>, row 1 starts with "assistant\\n": neither row has an assistant turn."""
+    rows = [([IM_START, USER, NL, 1000, IM_END, NL, IM_START], [0] * 6 + [1]),
+            ([ASSISTANT, NL, 3925, 13, IM_END], [0, 0, 1, 1, 1]),
+            ([IM_START, ASSISTANT], [0, 1])]
+    case = {"rows": [(t, m, [x if k else -100 for x, k in zip(t, m)]) for t, m in rows], "convention": "loss_mask",
+            "mask_type": pa.uint8(), "ids_type": pa.int32()}
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "split.parquet"
+        write(case, path)
+        for batch_rows in (1, 2, 3):
+            got, _ = kernel_metrics(path, batch_rows, 10**6)
+            check_against_reference(case, got)
+            assert not got["has_assistant"].any()
