@@ -190,9 +190,10 @@ def table_rows(plans: list[Plan]) -> list[tuple[str, list[str]]]:
         ("req/s (fleet)", [f"{p.req_per_s:,.2f}" for p in plans]),
         ("tokens per hour", [human_count(p.tok_per_hour) for p in plans]),
         ("tokens per day", [human_count(p.tok_per_day) for p in plans]),
+        ("wall time", [human_duration(p.wall_s) for p in plans]),
         ("wall time (hours)", [f"{p.wall_hours:,.1f} h" for p in plans]),
         ("wall time (days)", [f"{p.wall_days:,.2f} d" for p in plans]),
-        ("GPU-hours", [f"{p.gpu_hours:,.0f}" for p in plans]),
+        ("GPU-hours", [f"{p.gpu_hours:,.0f}" if p.gpu_hours >= 10 else f"{p.gpu_hours:.2f}" for p in plans]),
         ("cost per GPU-hour", [money(p.gpu_hour_cost) for p in plans]),
         ("cost per fleet-hour", [money(p.fleet_hour_cost) for p in plans]),
         ("total cost", [money(p.cost) for p in plans]),
@@ -256,9 +257,10 @@ def calibration_from_progress(progress: dict[str, Any], sample: int, out: str | 
     ok = int(progress.get("ok") or 0)
     elapsed = float(progress.get("elapsed_s") or 0.0)
     mean_out = float(progress.get("mean_output_tokens") or 0.0)
-    if ok <= 0 or elapsed <= 0 or mean_out <= 0:
+    completed = done - int(progress.get("failed") or 0)  # ok and truncated rows both produced tokens
+    if completed <= 0 or elapsed <= 0 or mean_out <= 0:
         raise RuntimeFailure(
-            f"calibration measured nothing: {ok} of {sample} prompts completed (state {progress.get('state')!r}); "
+            f"calibration measured nothing: {completed} of {sample} prompts completed (state {progress.get('state')!r}); "
             "check the endpoints with `dqa fleet status`"
         )
     tok_s = float(progress.get("output_tok_per_s") or 0.0)
@@ -282,20 +284,13 @@ def calibration_from_progress(progress: dict[str, Any], sample: int, out: str | 
     )
 
 
-def regen_command(
-    dataset: Path, out: Path, sample: int, findings: Path | None, fleet: Path | None, endpoints: list[str]
-) -> list[str]:
-    """The `dqa regen` argument list of a calibration run: ``sample`` failing prompts into ``out``."""
-    import sys
+def _answers_health(url: str, timeout: float = 5.0) -> bool:
+    import httpx
 
-    cmd = [sys.executable, "-m", "dqa.cli", "regen", str(dataset), "--out", str(out), "--limit", str(sample), "--json"]
-    if findings is not None:
-        cmd += ["--findings", str(findings)]
-    if fleet is not None:
-        cmd += ["--fleet", str(fleet)]
-    for url in endpoints:
-        cmd += ["--endpoint", url]
-    return cmd
+    try:
+        return httpx.get(url.rstrip("/") + "/health", timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def calibrate(
@@ -305,19 +300,32 @@ def calibrate(
     fleet: str | Path | None,
     endpoints: list[str],
     out: str | Path | None = None,
+    protocol: str | None = None,
+    max_new_tokens: int = 8192,
+    max_in_flight: int = 48,
+    tokenizer: str = "qwen3",
+    down_deadline: float = 120.0,
 ) -> Calibration:
-    """Regenerate ``sample`` failing prompts of ``dataset`` on the fleet (a real `dqa regen` run)
-    and return what it measured. The run's folder is ``out``, or a temporary one that is removed.
+    """Regenerate the first ``sample`` failing prompts of ``dataset`` on the fleet (a real,
+    in-process ``dqa regen`` run: ``dqa.regen.run.regenerate``) and return what it measured.
 
-    Raises ``UsageError`` for a non-positive sample, ``RuntimeFailure`` when the run fails or
-    completes nothing.
+    The run's folder is ``out`` (kept, resumable), or a temporary one that is removed. Raises
+    ``UsageError`` for a non-positive sample, ``InputError`` for bad inputs (from regen), and
+    ``RuntimeFailure`` when the run stops early or completes nothing.
     """
-    import json
-    import subprocess
     import tempfile
+
+    from dqa.regen.run import RegenConfig, regenerate
 
     if sample < 1:
         raise UsageError(f"--sample {sample}: must be >= 1")
+    urls = list(endpoints)
+    if fleet is not None:
+        from .fleet_file import read_fleet
+
+        urls = read_fleet(fleet).urls
+    if not any(_answers_health(u) for u in urls):
+        raise RuntimeFailure(f"calibration: no endpoint answers /health ({', '.join(urls)}); is the fleet up? (`dqa fleet status`)")
     tmp = None
     if out is None:
         tmp = tempfile.TemporaryDirectory(prefix="dqa-calibrate-")
@@ -325,17 +333,28 @@ def calibrate(
     else:
         run_dir = Path(out)
     try:
-        cmd = regen_command(
-            Path(dataset), run_dir, sample, None if findings is None else Path(findings),
-            None if fleet is None else Path(fleet), endpoints,
-        )  # fmt: skip
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-        progress_file = run_dir / "progress.json"
-        if proc.returncode not in (0, 1) or not progress_file.is_file():
-            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise RuntimeFailure(f"calibration run `dqa regen` failed (exit {proc.returncode}): {last}")
-        progress = json.loads(progress_file.read_text(encoding="utf-8"))
-        return calibration_from_progress(progress, sample, None if tmp else str(run_dir))
+        result = regenerate(
+            RegenConfig(
+                dataset=str(dataset),
+                out=str(run_dir),
+                endpoints=list(endpoints),
+                fleet=None if fleet is None else str(fleet),
+                findings=None if findings is None else str(findings),
+                limit=sample,
+                protocol=protocol,
+                max_new_tokens=max_new_tokens,
+                max_in_flight=max_in_flight,
+                tokenizer=tokenizer,
+                live=False,
+                log=lambda msg: None,
+                down_deadline=down_deadline,
+            )
+        )
+        if result.exit_code != 0:
+            raise RuntimeFailure(
+                f"calibration run stopped early ({result.state}): {result.message or 'see dqa fleet status'}"
+            )
+        return calibration_from_progress(result.progress, sample, None if tmp else str(run_dir))
     finally:
         if tmp is not None:
             tmp.cleanup()

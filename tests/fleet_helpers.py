@@ -81,3 +81,21 @@ def process_gone(pid: int) -> bool:
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def write_failing_set(folder: Path, n: int = 6) -> tuple[Path, Path]:
+    """``n`` degenerate thinking-off samples (the seed's "OK." answers, real Qwen3 template) in
+    ``folder/train.parquet`` and a scan folder whose findings.parquet lists them all."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from chatdata import conversation, render, write_parquet
+
+    rows = [render(conversation(f"Question {i}: what is {i} + {i}?", None, "OK."), enable_thinking=False) for i in range(n)]
+    data = write_parquet(folder / "train.parquet", rows, ids=[f"s{i}" for i in range(n)])
+    scan = folder / "scan"
+    scan.mkdir(exist_ok=True)
+    findings = pa.table(
+        {"row": pa.array(range(n), pa.int64()), "id": [f"s{i}" for i in range(n)], "reasons": [["degenerate_template"]] * n}
+    )
+    pq.write_table(findings, scan / "findings.parquet")
+    return Path(data), scan

@@ -1,6 +1,7 @@
 """A real fleet on this CPU: `dqa fleet up --engine transformers` starts two `transformers serve`
 processes with the tiny random Qwen3 model, `status` sees them up (metrics unavailable),
-they answer chat completions, and `down` leaves no process behind."""
+they answer chat completions, `dqa regen --fleet` and `dqa plan --calibrate --fleet` run on
+them, and `down` leaves no process behind."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fleet_helpers import REPO, dqa, free_port_base, process_gone, read_json
+from fleet_helpers import REPO, dqa, free_port_base, process_gone, read_json, write_failing_set
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +23,13 @@ def tiny_model(tmp_path_factory) -> Path:
     return build_tiny_qwen3(tmp_path_factory.mktemp("models") / "tiny qwen3")
 
 
+@pytest.fixture()
+def failing_set(tmp_path):
+    return write_failing_set(tmp_path)
+
+
 @pytest.mark.slow
-def test_two_transformers_serve_processes_up_status_requests_down(tiny_model, tmp_path):
+def test_two_transformers_serve_processes_up_status_regen_down(tiny_model, tmp_path, failing_set):
     import psutil
 
     base = free_port_base(2)
@@ -58,6 +64,20 @@ def test_two_transformers_serve_processes_up_status_requests_down(tiny_model, tm
                 )
                 assert reply.status_code == 200, reply.text
                 assert reply.json()["usage"]["completion_tokens"] >= 1
+
+        # The fleet file drives regen and plan: dqa regen --fleet, dqa plan --calibrate --fleet.
+        data, scan = failing_set
+        g = dqa("regen", data, "--fleet", fleet, "--findings", scan, "--out", tmp_path / "regen", "--limit", "2",
+                "--max-new-tokens", "8", "--json", cwd=tmp_path, timeout=240)  # fmt: skip
+        assert g.returncode == 0, g.stderr
+        progress = json.loads(g.stdout)
+        assert progress["done"] == 2 and set(progress["endpoints"]) == {e["url"] for e in eps}
+        c = dqa("plan", "--calibrate", "--fleet", fleet, "--dataset", data, "--findings", scan, "--sample", "2",
+                "--max-new-tokens", "8", "--json", cwd=tmp_path, timeout=240)  # fmt: skip
+        assert c.returncode == 0, c.stderr
+        planned = json.loads(c.stdout)
+        assert planned["calibration"]["done"] == 2
+        assert planned["scenarios"][0]["gpus"] == 2 and planned["scenarios"][0]["samples"] == 6
     finally:
         d = dqa("fleet", "down", "--fleet", fleet, "--json", "--grace", "20", cwd=tmp_path, timeout=120)
     assert d.returncode == 0, d.stderr

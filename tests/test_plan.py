@@ -139,3 +139,46 @@ def test_calibration_reads_rates_and_mean_output_from_progress_json():
     assert round(p.wall_hours) == 45
     with pytest.raises(RuntimeFailure, match="measured nothing"):
         planmod.calibration_from_progress({"state": "failed", "done": 0, "ok": 0}, sample=8, out=None)
+
+
+@pytest.fixture()
+def failing_set(tmp_path):
+    from fleet_helpers import write_failing_set
+
+    return write_failing_set(tmp_path)
+
+
+@pytest.mark.slow
+def test_calibrate_plans_from_a_real_short_regeneration_on_a_server(cli, tmp_path, failing_set):
+    from servers.sglang_contract import StubServer
+
+    data, scan = failing_set
+    with StubServer(tmp_path / "stub", "--latency-s", "0.05") as server:
+        r = cli(
+            "plan", "--calibrate", "--endpoint", server.url, "--dataset", data, "--findings", scan, "--sample", "4",
+            "--gpu-hour-cost", "2", "--calibrate-out", tmp_path / "cal", "--json",
+        )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    cal, (p,) = out["calibration"], out["scenarios"]
+    progress = json.loads((tmp_path / "cal" / "progress.json").read_text())
+    assert cal["done"] == progress["done"] == 4 and cal["ok"] == 4
+    assert cal["mean_output_tokens"] == progress["mean_output_tokens"] > 0
+    assert cal["req_per_s"] == progress["req_per_s"] > 0
+    assert p["name"] == "measured" and p["samples"] == 6 and p["gpus"] == 1
+    assert p["avg_output_tokens"] == cal["mean_output_tokens"]
+    assert p["tok_per_s"] == pytest.approx(cal["req_per_s"] * cal["mean_output_tokens"])
+    assert p["wall_s"] == pytest.approx(6 / cal["req_per_s"])
+    assert p["cost"] == pytest.approx(p["wall_hours"] * 2)
+
+
+def test_calibrate_against_a_dead_endpoint_fails_with_exit_3(cli, tmp_path, failing_set):
+    from fleet_helpers import free_port_base
+
+    data, scan = failing_set
+    r = cli(
+        "plan", "--calibrate", "--endpoint", f"http://127.0.0.1:{free_port_base(1)}", "--dataset", data,
+        "--findings", scan, "--sample", "2",
+    )  # fmt: skip
+    assert r.exit_code == 3
+    assert r.stderr.startswith("dqa: error: ")

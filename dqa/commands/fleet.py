@@ -213,8 +213,9 @@ def _status_table(fleet_rec, statuses, totals):
     from rich.table import Table
 
     t = Table(title=f"fleet: {fleet_rec.engine}, {fleet_rec.model}", title_justify="left")
-    for col in ("GPU", "endpoint", "up", "gen tok/s", "running", "queued", "KV use", "accept len", "requests", "gen tokens", "cache hit", "source"):
-        t.add_column(col, justify="right" if col not in ("GPU", "endpoint", "up", "source") else "left")
+    for col in ("GPU", "endpoint", "up", "gen tok/s", "running", "queued", "KV", "accept", "requests", "gen tokens", "cache hit", "source"):
+        left = col in ("GPU", "endpoint", "up", "source")
+        t.add_column(col, justify="left" if left else "right", no_wrap=col == "endpoint")
 
     def hit(prompt, cached):
         return "-" if not prompt or cached is None else f"{cached / prompt:.0%}"
@@ -288,6 +289,8 @@ def status(
         return json.dumps({"fleet": str(fleet), "engine": rec.engine, "model": rec.model, "endpoints": [s.to_dict() for s in statuses], "total": totals})
 
     out = console(stderr=False)
+    if not out.is_terminal:
+        out.width = max(out.width, 160)  # piped to a file or a pager: do not squeeze the table
     statuses, totals = snapshot()
     if watch:
         try:

@@ -38,6 +38,10 @@ def plan(
     calibrate_out: Optional[Path] = typer.Option(
         None, "--calibrate-out", help="With --calibrate: keep the regen output folder here (default: a temporary folder, removed)."
     ),
+    protocol: Optional[str] = typer.Option(
+        None, "--protocol", help="With --calibrate and --endpoint: sglang (default) or openai (e.g. transformers serve)."
+    ),
+    max_new_tokens: int = typer.Option(8192, "--max-new-tokens", help="With --calibrate: output limit per prompt (as in the real run)."),
     json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
 ) -> None:
     """Estimate wall time, GPU-hours and cost of a regeneration, scenarios side by side.
@@ -101,6 +105,8 @@ def plan(
                 fleet=fleet,
                 endpoints=list(endpoint),
                 out=calibrate_out,
+                protocol=protocol,
+                max_new_tokens=max_new_tokens,
             )
         finally:
             if progress is not None:
