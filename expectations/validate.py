@@ -193,7 +193,7 @@ def _context(gx: Any, docs_dir: Path | None):
             {
                 "class_name": "SiteBuilder",
                 "show_how_to_buttons": False,
-                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(Path(docs_dir).resolve())},
                 "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
             },
         )
@@ -261,7 +261,10 @@ def run_validation(
     docs_s = 0.0
     if docs_dir is not None:
         t2 = time.perf_counter()
-        _build_docs(ctx, gx_suite, result, suite.name)
+        try:
+            _build_docs(ctx, gx_suite, result, suite.name)
+        except Exception as exc:  # GX internals: one line, never a traceback
+            raise RuntimeFailure(f"{docs_dir}: building GX Data Docs failed: {' '.join(str(exc).split())[:300]}") from None
         docs_s = time.perf_counter() - t2
     success = not any(o.status in ("fail", "error") for o in outcomes)
     return Validation(

@@ -126,3 +126,32 @@ def test_drift_thresholds():
     worse = old.with_columns(pl.Series("failed", np.arange(4000) < 80))
     assert not compute_drift(worse, old, thr)["passed"]  # +2 points of flagged samples
     assert compute_drift(worse, old, DriftThresholds(max_failing_share_increase=0.05))["passed"]
+
+
+def test_the_ci_workflow_example_runs_the_gate_and_the_report(defect_scan, tmp_path):
+    """The shell of examples/ci/dqa-gate.yml's gate and report steps, run for real with bash."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    workflow = yaml.safe_load((root / "examples" / "ci" / "dqa-gate.yml").read_text())
+    steps = {s.get("name"): s for s in workflow["jobs"]["gate"]["steps"]}
+    outputs, summary = tmp_path / "github_output", tmp_path / "step_summary.md"
+    env = dict(os.environ, RELEASE=str(defect_scan), BASELINE="", SUITE=str(root / "expectations" / "release.json"),
+               GITHUB_OUTPUT=str(outputs), GITHUB_STEP_SUMMARY=str(summary),
+               PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    gate = subprocess.run(["bash", "-e", "-c", steps["Gate the release"]["run"]], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert gate.returncode == 0, gate.stderr  # a FAIL verdict is recorded, not raised, so the report still runs
+    assert "exit_code=1" in outputs.read_text(), gate.stdout + gate.stderr
+    assert summary.is_file(), gate.stdout + gate.stderr
+    assert "dqa gate: **FAIL**" in summary.read_text()
+    report = subprocess.run(["bash", "-e", "-c", steps["HTML report"]["run"]], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    assert "Gate: FAIL" in (tmp_path / "gate-report" / "report.html").read_text()
+    assert {"gate.json", "gate.md", "junit.xml", "validation"} <= {p.name for p in (tmp_path / "gate-report").iterdir()}

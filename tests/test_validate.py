@@ -196,3 +196,11 @@ def test_failing_rows_equal_a_polars_evaluation_of_the_same_rules(tmp_path):
         assert got[key] == m.filter(expr)["row"].to_list(), key
         assert len(got[key]) > 0
     assert not v.success
+
+
+def test_a_relative_out_folder_gets_data_docs(cli, clean_scan, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = cli("validate", clean_scan, "--out", "rel/val", "-q")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "rel" / "val" / "data_docs" / "index.html").is_file()
+    assert not list((tmp_path / "rel").glob(".tmp-*"))
