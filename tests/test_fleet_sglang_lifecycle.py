@@ -135,3 +135,31 @@ def test_a_busy_port_is_refused_before_anything_starts(tmp_path):
                 "--fleet", tmp_path / "fleet.json", cwd=tmp_path)  # fmt: skip
     assert r.returncode == 2 and f"port {port} for GPU 0" in r.stderr
     assert not (tmp_path / "fleet-logs").exists()
+
+
+def test_interrupting_up_while_it_waits_stops_the_servers_it_started(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    py = fake_sglang_python(tmp_path)
+    base = free_port_base(2)
+    fleet = tmp_path / "fleet.json"
+    up = subprocess.Popen(
+        [sys.executable, "-m", "dqa.cli", "fleet", "up", "--model", "m", "--gpus", "0-1", "--python", str(py),
+         "--port-base", str(base), "--fleet", str(fleet), "--", "--startup-delay-s", "60"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not fleet.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        pids = [e["pid"] for e in read_json(fleet)["endpoints"]]  # recorded before the wait
+        up.send_signal(signal.SIGTERM)
+        _, err = up.communicate(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 3 and "interrupted while waiting for the fleet; servers stopped" in err
+    assert all(process_gone(p) for p in pids)
+    assert not fleet.exists()

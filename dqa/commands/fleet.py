@@ -87,6 +87,7 @@ def up(
       dqa fleet up --model ./tiny --gpus 0-1 --engine transformers --port-base 18000 --env OMP_NUM_THREADS=1
     """
     import json
+    import signal
     import sys
     import time
 
@@ -180,6 +181,11 @@ def up(
     )
     # Written before the wait, so `fleet down` can stop the servers even if dqa is killed here.
     ff.write_fleet(fleet, record)
+
+    def _terminated(signum, frame):  # SIGTERM while waiting: clean up like Ctrl-C
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         if tty:
             with err.status(f"waiting for {len(servers)} {engine} server(s) to become healthy") as status:
@@ -197,6 +203,8 @@ def up(
         if isinstance(exc, KeyboardInterrupt):
             raise RuntimeFailure("interrupted while waiting for the fleet; servers stopped" if not keep_on_failure else "interrupted") from None
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     elapsed = time.monotonic() - t0
     if json_out:
         typer.echo(json.dumps(ff.to_dict(record), indent=2))
