@@ -69,7 +69,7 @@ class Sampling:
 class Job:
     """One selected row on its way through the fleet."""
 
-    __slots__ = ("row", "sample_id", "key", "prompt", "seed", "attempts", "last_endpoint", "error", "body_cache", "messages")
+    __slots__ = ("row", "sample_id", "key", "prompt", "seed", "attempts", "last_endpoint", "error", "body_cache", "messages", "max_new", "rid_prefix", "prompt_text")
 
     def __init__(self, row: int, sample_id: str | None, prompt: np.ndarray, seed: int, error: str | None = None):
         self.row = row
@@ -82,6 +82,9 @@ class Job:
         self.error = error  # set when the row cannot be sent at all (no assistant header)
         self.body_cache: bytes | None = None
         self.messages: list[dict] | None = None
+        self.max_new = 0  # max_new_tokens of the latest attempt
+        self.rid_prefix: bytes | None = None
+        self.prompt_text: bytes | None = None  # the prompt ids as JSON list items, b"1,2,3" (prebuilt per batch)
 
 
 def _short(text: Any, n: int = 300) -> str:
@@ -131,9 +134,11 @@ class SglangProtocol:
     def body(self, job: Job, attempt: int, extras_off: frozenset[str], max_new: int) -> bytes:
         if job.body_cache is None:
             # The prompt's JSON is built once per sample, not once per attempt.
-            job.body_cache = b'{"input_ids":[' + ",".join(map(str, job.prompt.tolist())).encode() + b'],"sampling_params":' + self._sp_head
-        rid = json.dumps(f"{job.key}:{attempt}").encode()
-        return job.body_cache + b',"max_new_tokens":%d,"sampling_seed":%d},"rid":%s}' % (max_new, job.seed, rid)
+            text = job.prompt_text if job.prompt_text is not None else ",".join(map(str, job.prompt.tolist())).encode()
+            job.body_cache = b'{"input_ids":[' + text + b'],"sampling_params":' + self._sp_head
+            job.prompt_text = None
+            job.rid_prefix = json.dumps(job.key + ":").encode()[:-1]  # '"key:' (JSON-escaped, open quote)
+        return job.body_cache + b',"max_new_tokens":%d,"sampling_seed":%d},"rid":%s%d"}' % (max_new, job.seed, job.rid_prefix, attempt)
 
     def parse(self, obj: Any, job: Job) -> Outcome:
         """Read ``output_ids`` and ``meta_info.finish_reason`` (dict shapes per SGLANG.md)."""
@@ -290,9 +295,9 @@ class OpenAIProtocol:
 
 
 async def call(
-    session, base_url: str, protocol, job: Job, attempt: int, headers: dict, extras_off: frozenset[str], max_new: int, timeout=None
+    session, url: str, protocol, job: Job, attempt: int, headers: dict | None, extras_off: frozenset[str], max_new: int, timeout=None
 ) -> tuple[Outcome, frozenset[str]]:
-    """Send one attempt; return its outcome and the optional fields the server rejected (to drop next time).
+    """POST one attempt to ``url`` (the endpoint's generate URL); return its outcome and the optional fields the server rejected (to drop next time).
 
     Never raises for HTTP or connection trouble; ``asyncio.CancelledError`` propagates.
     """
@@ -303,7 +308,7 @@ async def call(
     except ValueError as exc:
         return Outcome(FAIL, error=f"row {job.row}: cannot build request ({exc})"), frozenset()
     try:
-        async with session.post(base_url + protocol.path, data=body, headers=headers, timeout=timeout) as resp:
+        async with session.post(url, data=body, headers=headers, timeout=timeout) as resp:
             raw = await resp.read()
             status = resp.status
     except asyncio.TimeoutError:

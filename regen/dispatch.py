@@ -73,6 +73,7 @@ class Endpoint:
         self.last_error = ""
         self.ever_healthy = False
         self.max_len: int | None = None  # the server's context length, when it tells
+        self.gen_url = self.url  # the generate URL (set by the dispatcher from the protocol)
 
 
 def strip_userinfo(url: str) -> str:
@@ -119,9 +120,12 @@ class Dispatcher:
         self.log = log
         self.check = check
         self.endpoints: list[Endpoint] = []
+        path = protocol.path
         for u in urls:
             name = strip_userinfo(u.rstrip("/"))
-            self.endpoints.append(Endpoint(u, name, progress.endpoints.setdefault(name, EndpointCounts())))
+            ep = Endpoint(u, name, progress.endpoints.setdefault(name, EndpointCounts()))
+            ep.gen_url = ep.url + path
+            self.endpoints.append(ep)
         self.pending: list[Job] = []  # used as a stack of lists: see _next_job
         self._pending_pos = 0
         self.retries: list[tuple[float, int, Job]] = []
@@ -162,7 +166,8 @@ class Dispatcher:
         self.wake = asyncio.Event()
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=75)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.s.connect_timeout, sock_read=self.s.request_timeout)
-        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar())
+        # Headers (content type, bearer token) live on the session: nothing to merge per request.
+        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar(), headers=self.headers)
         self._health_timeout = aiohttp.ClientTimeout(total=self.s.health_timeout)
         ticker = self.loop.create_task(self._ticker())
         try:
@@ -280,11 +285,11 @@ class Dispatcher:
     # -- one attempt ----------------------------------------------------------------------
     async def _attempt(self, job: Job, ep: Endpoint) -> tuple[Outcome, frozenset[str], float]:
         t0 = time.monotonic()
-        max_new = self._max_new(job, ep)
+        max_new = job.max_new = self._max_new(job, ep)
         if max_new < 1:
             msg = f"row {job.row}: prompt of {job.prompt.size} tokens leaves no room for output under {ep.name}'s context length {ep.max_len}"
             return Outcome(FAIL, error=msg), frozenset(), 0.0
-        outcome, rejected = await call(self.session, ep.url, self.protocol, job, job.attempts, self.headers, ep.extras_off, max_new)
+        outcome, rejected = await call(self.session, ep.gen_url, self.protocol, job, job.attempts, None, ep.extras_off, max_new)
         return outcome, rejected, time.monotonic() - t0
 
     def _max_new(self, job: Job, ep: Endpoint | None) -> int:
@@ -324,6 +329,8 @@ class Dispatcher:
         if kind == OK or kind == LENGTH:
             ep.fails = 0
             self._record(job, ep, outcome, latency)
+            if not self.stopping:
+                self._dispatch_ready()  # refill the freed slot now, without a loop wake-up
             return
         if kind == FAIL:
             ep.fails = 0
@@ -352,12 +359,11 @@ class Dispatcher:
     def _sampling_for(self, ep: Endpoint | None, job: Job) -> str:
         """The sampling parameters as sent (JSON), cached per (dropped fields, max_new_tokens)."""
         off = ep.extras_off if ep is not None else frozenset()
-        max_new = self._max_new(job, ep)
-        key = (off, max_new)
+        key = (off, job.max_new)
         s = self._sampling_json.get(key)
         if s is None:
             d = self.protocol.sampling.as_dict()
-            d["max_new_tokens"] = max_new
+            d["max_new_tokens"] = job.max_new or self.protocol.sampling.max_new_tokens
             if "top_k" in off:
                 d.pop("top_k")
             s = self._sampling_json[key] = json.dumps(d)
@@ -461,10 +467,9 @@ class Dispatcher:
     async def _health(self, ep: Endpoint) -> tuple[bool, str]:
         import aiohttp
 
-        headers = {k: v for k, v in self.headers.items() if k != "Content-Type"}
         for _ in range(2):
             try:
-                async with self.session.get(ep.url + ep.health_path, headers=headers, timeout=self._health_timeout) as r:
+                async with self.session.get(ep.url + ep.health_path, timeout=self._health_timeout) as r:
                     await r.read()
                     status = r.status
             except asyncio.TimeoutError:
@@ -479,10 +484,9 @@ class Dispatcher:
 
     async def _discover_model(self, ep: Endpoint) -> None:
         """Learn the served model name (when not given) and the context length of the endpoint."""
-        headers = {k: v for k, v in self.headers.items() if k != "Content-Type"}
         for path in ("/v1/models", "/model_info", "/get_model_info"):
             try:
-                async with self.session.get(ep.url + path, headers=headers, timeout=self._health_timeout) as r:
+                async with self.session.get(ep.url + path, timeout=self._health_timeout) as r:
                     if r.status != 200:
                         continue
                     obj = json.loads(await r.read())

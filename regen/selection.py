@@ -135,8 +135,13 @@ def iter_jobs(dataset, rows: np.ndarray, header: tuple[int, ...], seed_base: int
     """Stream ``Job`` lists, one per dataset batch that holds selected rows, in dataset order.
 
     A selected row without an assistant header becomes a ``Job`` with
-    ``error`` set (recorded as failed, never sent). Memory is bounded by a batch.
+    ``error`` set (recorded as failed, never sent). Prompts are gathered and
+    their JSON text (``"1,2,3"``) is built per batch with Arrow kernels, off the
+    event loop and without the GIL. Memory is bounded by a batch.
     """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     if rows.size == 0:
         return
     last = int(rows[-1])
@@ -145,20 +150,38 @@ def iter_jobs(dataset, rows: np.ndarray, header: tuple[int, ...], seed_base: int
         i0, i1 = np.searchsorted(rows, [lo, hi])
         if i1 > i0:
             local = rows[i0:i1] - lo
-            sub_off = b.offsets
-            ends = prompt_ends(b.ids, sub_off, header)[local]
+            ends = prompt_ends(b.ids, b.offsets, header)[local]
+            lens = np.where(ends == NO_HEADER, 0, ends)
+            starts = b.offsets[local]
+            p_off = np.zeros(local.size + 1, dtype=np.int64)
+            np.cumsum(lens, out=p_off[1:])
+            values = b.ids[np.repeat(starts, lens) + _ranks(lens)]
+            listed = pa.ListArray.from_arrays(pa.array(p_off.astype(np.int32)), pa.array(values, pa.int32()))
+            text = pc.binary_join(pa.ListArray.from_arrays(listed.offsets, pc.cast(listed.values, pa.string())), ",")
+            t_off = np.frombuffer(text.buffers()[1], dtype=np.int32, count=len(text) + 1, offset=text.offset * 4)
+            t_data = text.buffers()[2].to_pybytes() if text.buffers()[2] is not None else b""
             ids_col = b.row_ids.take(local).cast("string").to_pylist() if b.row_ids is not None else [None] * local.size
             jobs = []
-            for k, r in enumerate(local.tolist()):
-                row = lo + r
+            for k in range(local.size):
+                row = lo + int(local[k])
                 sid = ids_col[k]
                 key = sid if sid is not None else str(row)
-                end = int(ends[k])
-                if end == NO_HEADER:
-                    jobs.append(Job(row, sid, np.zeros(0, np.int32), sample_seed(key, seed_base), error=f"row {row}: no assistant header in input_ids; nothing to regenerate from"))
+                if ends[k] == NO_HEADER:
+                    err = f"row {row}: no assistant header in input_ids; nothing to regenerate from"
+                    jobs.append(Job(row, sid, values[0:0], sample_seed(key, seed_base), error=err))
                     continue
-                start = int(sub_off[r])
-                jobs.append(Job(row, sid, b.ids[start : start + end].copy(), sample_seed(key, seed_base)))
+                job = Job(row, sid, values[p_off[k] : p_off[k + 1]], sample_seed(key, seed_base))
+                job.prompt_text = t_data[t_off[k] : t_off[k + 1]]
+                jobs.append(job)
             yield jobs
         if hi > last:
             return
+
+
+def _ranks(lengths: np.ndarray) -> np.ndarray:
+    """``concat(arange(n) for n in lengths)`` without a Python loop."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.cumsum(lengths) - lengths
+    return np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
