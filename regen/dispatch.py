@@ -139,6 +139,7 @@ class Dispatcher:
         self.all_down_since: float | None = time.monotonic()
         self._sampling_json: dict[tuple[frozenset[str], int], str] = {}
         self._rng = random.Random(0)
+        self._warned_down = False
 
     # -- public control -----------------------------------------------------------------
     def request_stop(self) -> None:
@@ -407,6 +408,7 @@ class Dispatcher:
             self.all_down_since = time.monotonic()
 
     def _bring_in(self, ep: Endpoint) -> None:
+        self._warned_down = False
         ep.healthy = True
         ep.counts.healthy = True
         ep.fails = 0
@@ -424,6 +426,10 @@ class Dispatcher:
                     ep.probing = True
                     self.loop.create_task(self._probe(ep))
             if self.all_down_since is not None and not self.stopping:
+                if not self._warned_down and now - self.all_down_since > 5.0:
+                    self._warned_down = True
+                    why = "; ".join(f"{e.name}: {e.last_error}" for e in self.endpoints if e.last_error)[:300]
+                    self.log(f"no healthy endpoint{f' ({why})' if why else ''}; waiting up to {self.s.down_deadline:g} s")
                 if now - self.all_down_since > self.s.down_deadline:
                     errs = "; ".join(f"{e.name}: {e.last_error}" for e in self.endpoints if e.last_error)
                     self.fatal = (

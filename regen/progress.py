@@ -85,7 +85,8 @@ class Progress:
         eta = remaining / req_s if req_s > 0 else None
         rate = self.gpus * self.gpu_hour_cost / 3600.0
         cost = elapsed * rate
-        mean_out = self.output_tokens / self.done if self.done else 0.0
+        generated = self.ok + self.truncated  # failed rows produced no output
+        mean_out = self.output_tokens / generated if generated else 0.0
         return {
             "state": self.state,
             "total": self.total,

@@ -261,6 +261,7 @@ def regenerate(config: RegenConfig) -> RunResult:
     shard_tag = f"s{shard[0]}of{shard[1]}"
     with _locked(out):
         if remote:
+            log(f"staging {c.out} in {out}")
             if not (out / "run.json").is_file() and targets[0].exists("run.json"):
                 targets[0].get("run.json", out / "run.json")
             _check_identity(out / "run.json", identity)
