@@ -215,3 +215,30 @@ def test_cli_rejects_both_endpoint_and_fleet(data, stub, tmp_path, cli):
     path, findings = data
     r = cli("regen", path, "--findings", findings, "-e", stub.url, "--fleet", tmp_path / "f.json", "--out", tmp_path / "o")
     assert r.exit_code == 2 and "not both" in r.stderr
+
+
+def test_a_fleet_file_names_the_endpoints_model_and_gpu_count(data, stub, tmp_path):
+    fleet = tmp_path / "fleet.json"
+    fleet.write_text(json.dumps({
+        "version": 1, "engine": "sglang", "protocol": "sglang", "model": "/dev/shm/Qwen3-27B", "created_at": "2026-11-30T08:00:00Z",
+        "endpoints": [{"url": stub.url, "gpu": "0,1", "pid": 1, "log": "logs/gpu0.log", "host": "127.0.0.1", "cmd": []}],
+    }))
+    path, findings = data
+    res = regenerate(RegenConfig(dataset=str(path), out=str(tmp_path / "out"), fleet=str(fleet), findings=str(findings), limit=2, **FAST))
+    assert res.exit_code == 0 and res.progress["gpus"] == 2
+    assert {r["model"] for r in read_shards(tmp_path / "out").to_pylist()} == {"/dev/shm/Qwen3-27B"}
+
+
+def test_a_row_without_an_assistant_header_is_recorded_as_failed_and_never_sent(stub, tmp_path):
+    from chatdata import render, write_parquet
+
+    ok = render([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "OK."}], enable_thinking=False)
+    user_only = render([{"role": "user", "content": "Only a question"}])
+    path = write_parquet(tmp_path / "d.parquet", [ok, user_only], ["a", "b"])
+    findings = write_findings(tmp_path / "scan", [0, 1])
+    before = stub.status()["num_requests"]
+    res = regenerate(RegenConfig(dataset=str(path), out=str(tmp_path / "out"), endpoints=[stub.url], findings=str(findings), **FAST))
+    rows = {r["row"]: r for r in read_shards(tmp_path / "out").to_pylist()}
+    assert res.exit_code == 0 and rows[0]["status"] == "ok"
+    assert rows[1]["status"] == "failed" and rows[1]["error"] == "row 1: no assistant header in input_ids; nothing to regenerate from"
+    assert rows[1]["attempts"] == 0 and stub.status()["num_requests"] == before + 1
