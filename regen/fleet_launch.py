@@ -523,6 +523,20 @@ def _gone(proc) -> bool:
         return False
 
 
+def is_local_host(host: str | None) -> bool:
+    """True when ``host`` names this machine (loopback, its host name or one of its addresses);
+    a pid recorded for another machine's server means nothing here."""
+    import psutil
+
+    if host is None or host in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::", ""):
+        return True
+    names = {socket.gethostname(), socket.getfqdn()}
+    if host in names:
+        return True
+    addrs = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
+    return host.strip("[]") in addrs
+
+
 def verify_process(ep: Endpoint):
     """The live ``psutil.Process`` for ``ep`` when it still is the process dqa started, else None.
 
@@ -533,6 +547,8 @@ def verify_process(ep: Endpoint):
 
     if ep.pid is None:
         return None, "no pid recorded"
+    if not is_local_host(ep.host):
+        return None, f"its host {ep.host} is not this machine (run dqa fleet down there)"
     try:
         proc = psutil.Process(ep.pid)
         if _gone(proc):

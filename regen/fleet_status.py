@@ -159,10 +159,10 @@ def _get(url: str, timeout: float):
 
 def endpoint_status(fleet: Fleet, ep: Endpoint, timeout: float = 3.0) -> EndpointStatus:
     """Probe one endpoint: ``/health``, then ``/metrics`` (SGLang), else its decode log."""
-    from .fleet_launch import verify_process
+    from .fleet_launch import is_local_host, verify_process
 
     process = None
-    if ep.pid is not None:
+    if ep.pid is not None and is_local_host(ep.host):
         process = "running" if verify_process(ep)[0] is not None else "not running"
     r = _get(ep.url + "/health", timeout)
     st = EndpointStatus(url=ep.url, gpu=ep.gpu, up=r is not None and r.status_code == 200, source="none", process=process)

@@ -292,3 +292,15 @@ def test_down_kills_a_server_that_ignores_sigterm_after_the_grace_period():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_pid_recorded_for_another_machine_is_never_signalled_here():
+    proc, started = _sleeper()
+    try:
+        remote = ff.Endpoint(url="http://10.99.0.5:30000", host="10.99.0.5", pid=proc.pid, started=started)
+        assert fl.stop_endpoint(remote, grace=1) == "skipped: its host 10.99.0.5 is not this machine (run dqa fleet down there)"
+        assert proc.poll() is None
+        assert fl.is_local_host("127.0.0.1") and fl.is_local_host(fl.advertised_host("0.0.0.0", None))
+    finally:
+        proc.kill()
+        proc.wait()

@@ -51,3 +51,12 @@ def console(stderr: bool = True):
     from rich.console import Console
 
     return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def help_text(doc: str | None) -> str:
+    """A docstring for ``--help``: each paragraph joined into one line so the terminal wraps it
+    (rich keeps the source's newlines); paragraphs (and one-paragraph examples) stay apart."""
+    import inspect
+
+    paras = inspect.cleandoc(doc or "").split("\n\n")
+    return "\n\n".join(" ".join(p.split()) for p in paras)

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from dqa.commands.common import console, handles_errors, stderr_is_tty
+from dqa.commands.common import console, handles_errors, help_text, stderr_is_tty
 
 DEFAULT_FLEET = os.environ.get("DQA_FLEET", "fleet.json")
 
@@ -35,7 +35,6 @@ def _fmt(v, spec: str = ",.0f", none: str = "-") -> str:
 # ------------------------------------------------------------------------------------- up
 
 
-@fleet_app.command("up")
 @handles_errors
 def up(
     model: str = typer.Option(..., "--model", "-m", help="Model folder (or hub id) every server loads."),
@@ -262,7 +261,6 @@ def _status_table(fleet_rec, statuses, totals):
     return t, notes
 
 
-@fleet_app.command("status")
 @handles_errors
 def status(
     fleet: Path = typer.Option(Path(DEFAULT_FLEET), "--fleet", "-f", help="Fleet file written by `dqa fleet up`."),
@@ -340,7 +338,6 @@ def status(
 # ----------------------------------------------------------------------------------- down
 
 
-@fleet_app.command("down")
 @handles_errors
 def down(
     fleet: Path = typer.Option(Path(DEFAULT_FLEET), "--fleet", "-f", help="Fleet file written by `dqa fleet up`."),
@@ -374,6 +371,10 @@ def down(
     left = [r for r in rows if r["outcome"] not in ("stopped", "killed", "not running") and "another process" not in r["outcome"]]
     if left:
         raise RuntimeFailure(f"{len(left)} server(s) not stopped: GPU {left[0]['gpu']} pid {left[0]['pid']}: {left[0]['outcome']}")
+
+
+for _command in (up, status, down):
+    fleet_app.command(_command.__name__, help=help_text(_command.__doc__))(_command)
 
 
 def register(app: typer.Typer) -> None:

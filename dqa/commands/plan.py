@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from dqa.commands.common import console, handles_errors, stderr_is_tty
+from dqa.commands.common import console, handles_errors, help_text, stderr_is_tty
 
 
 @handles_errors
@@ -177,4 +177,4 @@ def plan(
 
 def register(app: typer.Typer) -> None:
     """Add ``plan`` to the CLI."""
-    app.command("plan")(plan)
+    app.command("plan", help=help_text(plan.__doc__))(plan)
