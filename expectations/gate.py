@@ -203,3 +203,45 @@ def run_gate(
     atomic.write_text(out / "gate.md", render_gate_markdown(gate))
     write_junit(out / "junit.xml", suites)
     return gate
+
+
+def gate_release(
+    release: str | Path,
+    baseline: str | Path | None = None,
+    suite: str | Path = "release",
+    out_dir: str | Path | None = None,
+    fail_on: str = "critical",
+    thresholds: DriftThresholds | None = None,
+    tokenizer: str | None = None,
+    thinking: str = "auto",
+    docs: bool = True,
+    max_ids: int = MAX_IDS_DEFAULT,
+    progress: Any = None,
+) -> dict[str, Any]:
+    """``dqa gate`` from Python: scan (or reuse scan folders), validate, compare; returns ``gate.json``'s dict.
+
+    ``release`` and ``baseline`` are datasets (scanned into ``dqa-out/<name>/``, the baseline
+    into ``<name>-baseline`` when the names collide) or scan folders. ``out_dir`` defaults to
+    ``RELEASE_SCAN_FOLDER/gate/``. ``result["verdict"]`` is ``pass`` or ``fail``. Raises
+    ``InputError`` / ``RuntimeFailure`` (exit codes 2 / 3 on the CLI). ``progress(rows, tokens)``
+    is called during fresh scans.
+    """
+    from dqa.audit.scan import default_out_dir
+    from dqa.expectations.source import obtain_scan
+    from dqa.expectations.suites import check_fail_on, load_suite
+
+    spec = load_suite(suite)
+    fail_on = check_fail_on(fail_on)
+    rel = obtain_scan(release, tokenizer=tokenizer, thinking=thinking, progress=progress)
+    base = None
+    if baseline is not None:
+        base_out = default_out_dir(baseline)
+        if base_out.resolve() == rel.path.resolve():
+            base_out = base_out.with_name(base_out.name + "-baseline")
+        base = obtain_scan(baseline, scan_out=base_out, tokenizer=tokenizer, thinking=thinking, progress=progress)
+        if base.path.resolve() == rel.path.resolve():
+            from dqa.errors import UsageError
+
+            raise UsageError(f"baseline {baseline}: resolves to the release's own scan folder {rel.path}")
+    out = out_dir if out_dir is not None else rel.path / "gate"
+    return run_gate(rel, spec, out, base, fail_on, thresholds, max_ids=max_ids, docs=docs)

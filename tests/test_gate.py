@@ -81,7 +81,7 @@ def test_gate_input_errors_exit_2(cli, clean_scan, tmp_path):
     r = cli("gate", tmp_path / "nope.parquet")
     assert r.exit_code == 2 and "nope.parquet" in r.stderr
     r = cli("gate", clean_scan, "--baseline", clean_scan)
-    assert r.exit_code == 2 and "--baseline" in r.stderr
+    assert r.exit_code == 2 and "baseline" in r.stderr and "resolves" in r.stderr
     assert cli("gate", clean_scan, "--max-ks", "2").exit_code == 2
     assert cli("gate", clean_scan, "--suite", tmp_path / "none.json").exit_code == 2
 
@@ -155,3 +155,11 @@ def test_the_ci_workflow_example_runs_the_gate_and_the_report(defect_scan, tmp_p
     assert report.returncode == 0, report.stderr
     assert "Gate: FAIL" in (tmp_path / "gate-report" / "report.html").read_text()
     assert {"gate.json", "gate.md", "junit.xml", "validation"} <= {p.name for p in (tmp_path / "gate-report").iterdir()}
+
+
+def test_an_output_folder_that_cannot_be_written_is_a_runtime_failure(cli, clean_scan, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    r = cli("gate", clean_scan, "--out", blocker / "gate", "--no-docs")
+    assert r.exit_code == 3
+    assert r.stderr.startswith("dqa: error:") and r.stderr.count("\n") == 1

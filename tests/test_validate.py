@@ -204,3 +204,44 @@ def test_a_relative_out_folder_gets_data_docs(cli, clean_scan, tmp_path, monkeyp
     assert r.exit_code == 0, r.output
     assert (tmp_path / "rel" / "val" / "data_docs" / "index.html").is_file()
     assert not list((tmp_path / "rel").glob(".tmp-*"))
+
+
+def regen_shards(folder, outputs: list[str]):
+    """A regen output folder in the real shard format whose outputs are real Qwen3 renderings of ``outputs``."""
+    from chatdata import tokenizer
+    from dqa.regen.journal import Result, results_table, shard_path, write_table
+
+    tok = tokenizer()
+    results = []
+    for i, text in enumerate(outputs):
+        prompt = tok.apply_chat_template([{"role": "user", "content": f"Question {i}: why is the sky blue?"}],
+                                         tokenize=False, add_generation_prompt=True)
+        results.append(Result(row=i, sample_id=f"r{i}", prompt=np.array(tok(prompt)["input_ids"], np.int32),
+                              output=np.array(tok(text)["input_ids"], np.int32), status="ok", finish_reason="stop",
+                              error=None, endpoint="http://127.0.0.1:1", attempts=1, latency_s=1.0, model="m",
+                              sampling="{}", seed=i, completed_at=1.79e9 + i))
+    write_table(shard_path(folder, "a", 0), results_table(results))
+    return folder / "shards"
+
+
+def test_the_regen_suite_passes_good_regenerations_and_fails_ok_mode_ones(cli, tmp_path):
+    from gate_data import sentence
+    import random
+
+    rng = random.Random(4)
+    good = [f"<think>\n{sentence(rng, 40)}\n</think>\n\n{sentence(rng, 25)}<|im_end|>" for _ in range(30)]
+    shards = regen_shards(tmp_path / "good", good)
+    r = cli("validate", shards, "--suite", "regen", "--scan-out", tmp_path / "good-scan", "--no-docs", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["statistics"]["failed"] == 0
+    bad = good[:18] + ["<think>\n\n</think>\n\nOK.<|im_end|>"] * 11 + [f"<think>\n{sentence(rng, 40)}"]
+    shards = regen_shards(tmp_path / "bad", bad)
+    r = cli("validate", shards, "--suite", "regen", "--scan-out", tmp_path / "bad-scan", "--no-docs", "--json")
+    assert r.exit_code == 1
+    s = json.loads(r.stdout)
+    failed = {e["title"]: e["failing_ids"] for e in s["expectations"] if e["status"] == "fail"}
+    ok_ids = [f"r{i}" for i in range(18, 29)]
+    assert failed["expect_column_values_to_be_in_set(degenerate_template)"] == ok_ids
+    assert failed["expect_column_values_to_be_between(thinking_tokens)"] == ok_ids  # r29 thinks, unclosed
+    assert failed["expect_column_values_to_be_in_set(think_closed)"] == ["r29"]
+    assert failed["expect_column_values_to_be_in_set(truncated)"] == ["r29"]

@@ -54,9 +54,7 @@ def _run(release, baseline, suite, out, fail_on, max_row_drop, max_row_growth, m
          max_ids, no_docs, tokenizer, thinking, as_json, quiet) -> int:
     from dqa.commands.validate import scan_progress
     from dqa.errors import UsageError
-    from dqa.expectations.gate import DriftThresholds, run_gate
-    from dqa.expectations.source import obtain_scan
-    from dqa.expectations.suites import check_fail_on, load_suite
+    from dqa.expectations.gate import DriftThresholds, gate_release
     from dqa.reports.markdown_validation import append_step_summary
 
     if release is None:
@@ -71,24 +69,10 @@ def _run(release, baseline, suite, out, fail_on, max_row_drop, max_row_growth, m
         raise UsageError(f"--ks-alpha {ks_alpha}: expected a probability between 0 and 1")
     if max_ids < 0:
         raise UsageError("--max-ids must be 0 or more")
-    fail_on = check_fail_on(fail_on)
-    spec = load_suite(suite)
-    progress = scan_progress(quiet or as_json)
-    rel = obtain_scan(release, tokenizer=tokenizer, thinking=thinking, progress=progress)
-    base = None
-    if baseline is not None:
-        from dqa.audit.scan import default_out_dir
-
-        # Two releases often share a file name (v6/data.parquet, v7/data.parquet): keep their scans apart.
-        base_out = default_out_dir(baseline)
-        if base_out.resolve() == rel.path.resolve():
-            base_out = base_out.with_name(base_out.name + "-baseline")
-        base = obtain_scan(baseline, scan_out=base_out, tokenizer=tokenizer, thinking=thinking, progress=progress)
-    if base is not None and base.path.resolve() == rel.path.resolve():
-        raise UsageError(f"--baseline {baseline}: resolves to the release's own scan folder {rel.path}")
-    out_dir = out or rel.path / "gate"
     thr = DriftThresholds(max_row_drop, max_row_growth, max_failing_share_increase, max_ks, ks_alpha)
-    result = run_gate(rel, spec, out_dir, base, fail_on, thr, max_ids, docs=not no_docs)
+    result = gate_release(release, baseline, suite, out, fail_on, thr, tokenizer, thinking, docs=not no_docs, max_ids=max_ids,
+                          progress=scan_progress(quiet or as_json))
+    out_dir = Path(result["outputs"]["junit"]).parent
     append_step_summary((Path(out_dir) / "gate.md").read_text(encoding="utf-8"))
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
