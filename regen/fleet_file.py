@@ -62,6 +62,12 @@ class Fleet:
     path: Path | None = None
 
     @property
+    def gpu_count(self) -> int:
+        """GPUs the fleet uses: the ids each endpoint lists (``"0,1"`` for a TP-2 server), one
+        for an endpoint without a ``gpu``."""
+        return sum(len([g for g in (e.gpu or "").split(",") if g.strip()]) or 1 for e in self.endpoints)
+
+    @property
     def urls(self) -> list[str]:
         """The endpoint base URLs, in GPU order."""
         return [e.url for e in self.endpoints]

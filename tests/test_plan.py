@@ -98,6 +98,7 @@ def test_a_parquet_without_the_row_column_is_not_findings(tmp_path):
 
 
 def test_fleet_file_gives_the_gpu_count(cli, tmp_path):
+    """One GPU per endpoint that `fleet up` started; a hand-written TP server lists several."""
     fleet = {
         "version": 1, "engine": "sglang", "protocol": "sglang", "model": "m",
         "endpoints": [{"url": f"http://127.0.0.1:{30000 + i}", "gpu": str(i)} for i in range(7)],
@@ -105,6 +106,10 @@ def test_fleet_file_gives_the_gpu_count(cli, tmp_path):
     (tmp_path / "fleet.json").write_text(json.dumps(fleet))
     (p,) = _plan_json(cli, "--samples", "1000", "-t", "100", "--tok-per-gpu", "50", "--fleet", str(tmp_path / "fleet.json"))
     assert p["gpus"] == 7 and p["tok_per_s"] == 350
+    fleet["endpoints"] = [{"url": "http://127.0.0.1:30000", "gpu": "0,1"}, {"url": "http://127.0.0.1:30001", "gpu": "2,3"}]
+    (tmp_path / "fleet.json").write_text(json.dumps(fleet))
+    (p,) = _plan_json(cli, "--samples", "1000", "-t", "100", "--tok-per-gpu", "50", "--fleet", str(tmp_path / "fleet.json"))
+    assert p["gpus"] == 4  # two tensor-parallel servers of two GPUs each
 
 
 @pytest.mark.parametrize(

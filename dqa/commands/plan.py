@@ -76,7 +76,7 @@ def plan(
 
         fleet_rec = read_fleet(fleet)
         if gpus is None:
-            gpus = len(fleet_rec.endpoints)
+            gpus = fleet_rec.gpu_count
     if findings is not None:
         samples = planmod.count_findings(findings)
 
