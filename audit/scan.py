@@ -272,6 +272,9 @@ def run_scan(
         atomic.write_json(work / "summary.json", summary)
         atomic.write_text(work / "summary.md", render_scan_markdown(summary))
         _replace_dir(work, out)
+    except OSError as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        raise atomic.named_os_error(exc, out) from exc
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise

@@ -55,10 +55,25 @@ def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
             os.fsync(fh.fileno())
         os.replace(tmp_path, dest)
         fsync_dir(dest.parent)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp_path.unlink()
+        raise named_os_error(exc, dest) from exc
     except BaseException:
         with contextlib.suppress(OSError):
             tmp_path.unlink()
         raise
+
+
+def named_os_error(exc: OSError, path: str | os.PathLike[str]) -> OSError:
+    """``exc`` itself when it names a file; else an ``OSError`` with the same errno that names ``path``.
+
+    pyarrow's write errors ("Error writing bytes to file ... No space left on device") carry no
+    file name; the CLI's one-line error message needs one.
+    """
+    if getattr(exc, "filename", None):
+        return exc
+    return OSError(exc.errno, exc.strerror or " ".join(str(exc).split()), str(path))
 
 
 def write_bytes(dest: str | os.PathLike[str], data: bytes) -> None:

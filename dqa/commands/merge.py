@@ -103,6 +103,10 @@ def _run(dataset, regen, out, failed, force, check_prompts, batch_rows, ids_colu
             ids_column=ids_column, mask_column=mask_column, labels_column=labels_column, id_column=id_column,
             on_batch=on_batch, on_start=on_start,
         )
+    except OSError as exc:  # writing NEW failed (disk full ...): name it in the one-line error
+        from dqa.atomic import named_os_error
+
+        raise named_os_error(exc, out) from exc
     finally:
         if progress is not None:
             progress.stop()
