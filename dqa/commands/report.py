@@ -18,10 +18,10 @@ def report(
                                               show_default=False),
     regen: Optional[Path] = typer.Option(None, "--regen", "-r", help="A `dqa regen` output folder: throughput over time, progress."),
     validation: Optional[Path] = typer.Option(None, "--validation", "-v",
-                                              help="A `dqa validate` output folder. [default: the newest validation*/ in SCAN_DIR]"),
+                                              help="A `dqa validate` output folder. \\[default: the newest validation*/ in SCAN_DIR]"),
     after: Optional[Path] = typer.Option(None, "--after", "-a",
-                                         help="A scan folder of the new release, for the 'after' histogram. [default: the regen outputs]"),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="The HTML file to write. [default: SCAN_DIR/report.html]"),
+                                         help="A scan folder of the new release, for the 'after' histogram. \\[default: the regen outputs]"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="The HTML file to write. \\[default: SCAN_DIR/report.html]"),
     as_json: bool = typer.Option(False, "--json", help="Print {\"report\": PATH} on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing."),
 ) -> None:

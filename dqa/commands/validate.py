@@ -18,9 +18,9 @@ def validate(
         None, help="A dataset (scanned first) or a scan folder holding metrics.parquet (reused).", show_default=False
     ),
     suite: str = typer.Option("release", "--suite", "-s", help="Suite JSON file, or a bundled suite: release, regen."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder. [default: SCAN_FOLDER/validation-SUITE/]"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder. \\[default: SCAN_FOLDER/validation-SUITE/]"),
     metrics: Optional[Path] = typer.Option(None, "--metrics", help="Reuse this scan folder's metrics instead of scanning."),
-    scan_out: Optional[Path] = typer.Option(None, "--scan-out", help="Where a fresh scan is written. [default: dqa-out/<dataset name>/]"),
+    scan_out: Optional[Path] = typer.Option(None, "--scan-out", help="Where a fresh scan is written. \\[default: dqa-out/<dataset name>/]"),
     fail_on: str = typer.Option("critical", "--fail-on", help="Lowest severity that fails the run: critical or warning."),
     max_ids: int = typer.Option(20, "--max-ids", help="Failing sample ids listed per expectation in the reports."),
     no_docs: bool = typer.Option(False, "--no-docs", help="Skip building GX Data Docs."),
@@ -95,17 +95,33 @@ def print_validation(summary: dict, out_dir: str) -> None:
     from dqa.reports.markdown_validation import describe_kwargs, describe_observed, describe_unexpected
 
     style = {"pass": "green", "fail": "bold red", "warn": "yellow", "error": "bold magenta"}
-    t = Table(title=f"dqa validate · suite {summary['suite']} · {summary['rows']:,} rows", title_justify="left")
-    for col in ("", "severity", "expectation", "bounds", "observed", "unexpected", "first failing samples"):
-        t.add_column(col)
+    t = Table(title=f"dqa validate · suite {escape(summary['suite'])} · {summary['rows']:,} rows", title_justify="left")
+    t.add_column("", no_wrap=True)
+    t.add_column("severity", no_wrap=True)
+    for col in ("expectation", "bounds", "observed", "unexpected", "first failing samples"):
+        t.add_column(col, overflow="fold")
     for e in summary["expectations"]:
-        ids = ", ".join(str(i) for i in e["failing_ids"][:5]) if e["status"] != "pass" else ""
-        cells = [e["severity"], e["title"], describe_kwargs(e["kwargs"]), describe_observed(e), describe_unexpected(e), ids]
-        t.add_row(f"[{style[e['status']]}]{e['status']}[/]", *(escape(c) for c in cells))
+        ids = ", ".join(str(i) for i in e["failing_ids"][:3]) if e["status"] != "pass" else ""
+        observed = describe_observed(e) if e.get("observed_value") is not None else ""
+        cells = [short_title(e), describe_kwargs(e["kwargs"]), observed, describe_unexpected(e), ids]
+        t.add_row(f"[{style[e['status']]}]{e['status']}[/]", e["severity"], *(escape(c) for c in cells))
     out = console(stderr=False)
+    if not out.is_terminal:  # logs and files: no need to squeeze the table into 80 columns
+        out.width = max(out.width, 150)
     out.print(t, markup=True)
     verdict = "[green]PASS[/]" if summary["success"] else "[bold red]FAIL[/]"
     out.print(f"{verdict} (fail on {summary['fail_on']}) · results in {escape(out_dir)}", markup=True)
+
+
+def short_title(e: dict) -> str:
+    """``supervised_tokens: values to be between`` for ``expect_column_values_to_be_between(supervised_tokens)``."""
+    kind = e["type"]
+    for prefix in ("expect_column_", "expect_table_", "expect_"):
+        if kind.startswith(prefix):
+            kind = kind[len(prefix):]
+            break
+    where = ", ".join(e["columns"]) or "table"
+    return f"{where}: {kind.replace('_', ' ')}"
 
 
 def register(app: typer.Typer) -> None:
