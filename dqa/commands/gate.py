@@ -88,6 +88,8 @@ def _print(result: dict, out_dir: str) -> None:
 
     print_validation(result["validation"], str(Path(out_dir) / "validation"))
     out = console(stderr=False)
+    if not out.is_terminal:
+        out.width = max(out.width, 150)
     if result.get("drift"):
         for c in result["drift"]["checks"]:
             mark = "[green]ok[/]" if c["passed"] else "[bold red]FAIL[/]"
