@@ -31,3 +31,52 @@ def cli():
         return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
 
     return invoke
+
+
+@pytest.fixture(scope="session")
+def transformers_server(tmp_path_factory):
+    """A real `transformers serve` process with the tiny random Qwen3 model preloaded, on CPU.
+
+    Yields ``(base_url, model_path)``. Built from examples/tiny_model.py (no download); one
+    process for the whole session, stopped at the end.
+    """
+    import os
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from tiny_model import build_tiny_qwen3
+
+    model = build_tiny_qwen3(tmp_path_factory.mktemp("models") / "tiny")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = Path(sys.executable).with_name("transformers")
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [str(exe), "serve", str(model), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"transformers serve did not come up; see {log_path}")
+        time.sleep(0.3)
+    yield url, str(model)
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
