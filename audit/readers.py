@@ -235,19 +235,27 @@ def _arrow_kind(f: Path) -> str:
     return "arrow-file" if magic == b"ARROW1" else "arrow-stream"
 
 
+def file_schema(f: Path, fmt: str) -> pa.Schema | None:
+    """The stored schema of one file (with its metadata); None for JSONL, which has none stored.
+
+    Raises pyarrow or OS errors for unreadable files (``_read_schema`` turns them into ``InputError``).
+    """
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(f).schema_arrow
+    if fmt == "arrow-file":
+        with pa.memory_map(str(f)) as src:
+            return pa.ipc.open_file(src).schema
+    if fmt in ("arrow-stream", "hf"):
+        with pa.memory_map(str(f)) as src:
+            return pa.ipc.open_stream(src).schema
+    return None
+
+
 def _read_schema(f: Path, fmt: str) -> pa.Schema:
     try:
-        if fmt == "parquet":
-            import pyarrow.parquet as pq
-
-            return pq.ParquetFile(f).schema_arrow
-        if fmt == "arrow-file":
-            with pa.memory_map(str(f)) as src:
-                return pa.ipc.open_file(src).schema
-        if fmt in ("arrow-stream", "hf"):
-            with pa.memory_map(str(f)) as src:
-                return pa.ipc.open_stream(src).schema
-        return _jsonl_schema(f)
+        return file_schema(f, fmt) or _jsonl_schema(f)
     except InputError:
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:

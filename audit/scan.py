@@ -9,7 +9,6 @@ leaves output that looks complete.
 from __future__ import annotations
 
 import math
-import os
 import queue
 import shutil
 import tempfile
@@ -27,7 +26,7 @@ import pyarrow.parquet as pq
 from dqa import atomic
 from dqa.memory import reuse_freed_memory
 from dqa.audit import checks as checks_mod
-from dqa.audit.kernels import METRIC_COLUMNS, KernelTables, batch_metrics
+from dqa.audit.kernels import KernelTables, batch_metrics
 from dqa.audit.readers import Dataset, TokenBatch, open_dataset
 from dqa.audit.template import TemplateSpec, load_template
 from dqa.errors import InputError
@@ -271,7 +270,7 @@ def run_scan(
 
         atomic.write_json(work / "summary.json", summary)
         atomic.write_text(work / "summary.md", render_scan_markdown(summary))
-        _replace_dir(work, out)
+        atomic.replace_dir(work, out)
     except OSError as exc:
         shutil.rmtree(work, ignore_errors=True)
         raise atomic.named_os_error(exc, out) from exc
@@ -279,21 +278,6 @@ def run_scan(
         shutil.rmtree(work, ignore_errors=True)
         raise
     return ScanResult(out_dir=out, summary=summary, metrics=metrics, findings=findings)
-
-
-def _replace_dir(src: Path, dest: Path) -> None:
-    """Move folder ``src`` to ``dest``, replacing an earlier scan folder there (two renames)."""
-    if dest.exists():
-        if not dest.is_dir():
-            raise InputError(f"{dest}: exists and is not a folder")
-        old = dest.with_name(atomic.TMP_PREFIX + dest.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(dest, old)
-        os.replace(src, dest)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(src, dest)
-    atomic.fsync_dir(dest.parent)
 
 
 def _summary(

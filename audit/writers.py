@@ -37,7 +37,7 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from dqa.atomic import TMP_PREFIX, atomic_path, fsync_dir
-from dqa.audit.readers import Dataset
+from dqa.audit.readers import Dataset, file_schema
 from dqa.errors import InputError
 
 HF_META_KEY = b"huggingface"
@@ -101,21 +101,6 @@ def remove_stale_outputs(out: Path) -> int:
                 p.unlink()
             removed += 1
     return removed
-
-
-def file_schema(f: Path, fmt: str) -> pa.Schema | None:
-    """The stored schema of one input file (with its metadata), or None for JSONL."""
-    if fmt == "parquet":
-        import pyarrow.parquet as pq
-
-        return pq.ParquetFile(f).schema_arrow
-    if fmt == "arrow-file":
-        with pa.memory_map(str(f)) as src:
-            return pa.ipc.open_file(src).schema
-    if fmt in ("arrow-stream", "hf"):
-        with pa.memory_map(str(f)) as src:
-            return pa.ipc.open_stream(src).schema
-    return None
 
 
 # --- Hugging Face feature metadata ------------------------------------------------------------

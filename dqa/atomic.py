@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -103,3 +104,25 @@ def remove_stale_temps(folder: str | os.PathLike[str]) -> int:
             p.unlink()
             removed += 1
     return removed
+
+
+def replace_dir(src: Path, dest: Path) -> None:
+    """Move the finished folder ``src`` to ``dest``, replacing an earlier folder there.
+
+    Two renames (old aside, new in), then the old copy is deleted: a crash in between
+    leaves ``dest`` missing and a ``.tmp-*.old`` folder, never a half-written ``dest``.
+    Raises ``InputError`` when ``dest`` exists and is not a folder.
+    """
+    from dqa.errors import InputError
+
+    if dest.exists():
+        if not dest.is_dir():
+            raise InputError(f"{dest}: exists and is not a folder")
+        old = dest.with_name(TMP_PREFIX + dest.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(dest, old)
+        os.replace(src, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dest)
+    fsync_dir(dest.parent)

@@ -384,23 +384,10 @@ def validate_to_folder(
             v.failing_samples(metrics).write_parquet(tmp, compression="zstd")
         write_junit(work / "junit.xml", [validation_testsuite(summary)])
         atomic.write_text(work / "summary.md", render_validation_markdown(summary))
-        replace_dir(work, out)
+        atomic.replace_dir(work, out)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
     return v
 
 
-def replace_dir(src: Path, dest: Path) -> None:
-    """Move folder ``src`` to ``dest``, replacing an earlier folder there (two renames)."""
-    if dest.exists():
-        if not dest.is_dir():
-            raise InputError(f"{dest}: exists and is not a folder")
-        old = dest.with_name(atomic.TMP_PREFIX + dest.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(dest, old)
-        os.replace(src, dest)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(src, dest)
-    atomic.fsync_dir(dest.parent)

@@ -120,7 +120,7 @@ def validation_lines(summary: dict[str, Any], heading: str = "##") -> list[str]:
             f"| {ICON[e['status']]} | {e['severity']} | `{md_escape(e['title'], 100)}` | {md_escape(describe_kwargs(e['kwargs']), 120)} "
             f"| {md_escape(describe_observed(e), 80)} | {describe_unexpected(e)} | {ids} |"
         )
-    lines += ["", f"Every failing row of every expectation: `failing_samples.parquet`; GX Data Docs: `data_docs/index.html`."]
+    lines += ["", "Every failing row of every expectation: `failing_samples.parquet`; GX Data Docs: `data_docs/index.html`."]
     return lines
 
 
