@@ -252,7 +252,11 @@ class OpenAIProtocol:
         except ValueError as exc:
             return Outcome(FAIL, finish_reason=finish, error=f"row {job.row}: {exc}")
         kind = LENGTH if finish == "length" else OK
-        return Outcome(kind, output_ids=ids, finish_reason=finish or "stop", completion_tokens=int(ids.size))
+        # What the server generated (its usage), for throughput figures; the rendered ids may differ in length.
+        usage = obj.get("usage") if isinstance(obj, dict) else None
+        generated = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        n = int(generated) if isinstance(generated, int) and generated >= 0 else int(ids.size)
+        return Outcome(kind, output_ids=ids, finish_reason=finish or "stop", completion_tokens=n)
 
     def render_output(self, job: Job, content: str, reasoning: str | None, finish: str) -> np.ndarray:
         """Render prompt messages + the reply with the chat template; return the tokens after the prompt.

@@ -119,3 +119,4 @@ def test_openai_protocol_regenerates_through_transformers_serve(transformers_ser
     assert any("rejects" in m and "top_k" in m for m in logs)
     progress = json.loads((tmp_path / "out" / "progress.json").read_text())
     assert progress["endpoints"][url]["healthy"] is True  # via /health: this server has no /health_generate
+    assert progress["endpoints"][url]["output_tokens"] == 3 * 6  # throughput counts what the server generated (usage)
