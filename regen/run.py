@@ -164,9 +164,17 @@ def _locked(folder: Path):
         fh.close()
 
 
+OWN_NAMES = {".lock", "run.json", "progress.json", "shards", "journal"}
+
+
 def _check_identity(run_json: Path, identity: dict[str, Any]) -> None:
-    """Refuse (``InputError``, exit 2) to resume into a folder made for another dataset, selection or sampling."""
+    """Refuse (``InputError``, exit 2) to resume into a folder made for another dataset, selection or
+    sampling, or to write into a non-empty folder that dqa regen did not make."""
     if not run_json.is_file():
+        folder = run_json.parent
+        other = sorted(p.name for p in folder.iterdir() if p.name not in OWN_NAMES and not p.name.startswith(".tmp-")) if folder.is_dir() else []
+        if other:
+            raise InputError(f"{folder}: not empty and not a dqa regen output folder (holds {other[0]!r}); use a new --out")
         return
     try:
         old = json.loads(run_json.read_text()).get("identity", {})
@@ -185,6 +193,23 @@ def _default_log(msg: str) -> None:
 
 
 def regenerate(config: RegenConfig) -> RunResult:
+    """Run (or resume) a regeneration and return how it ended (see ``_regenerate``).
+
+    With ``install_signal_handlers`` (the CLI), dispatch drains on the first SIGINT/SIGTERM
+    and cancels on the second, and signals after dispatch are ignored so the final flush is
+    never cut short; the process's earlier handlers come back on return.
+    """
+    if not (config.install_signal_handlers and threading.current_thread() is threading.main_thread()):
+        return _regenerate(config)
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _regenerate(config)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def _regenerate(config: RegenConfig) -> RunResult:
     """Run (or resume) a regeneration and return how it ended.
 
     Raises ``InputError``/``UsageError`` (exit 2) for bad options, inputs, or an
@@ -259,6 +284,8 @@ def regenerate(config: RegenConfig) -> RunResult:
     out = stage_dir(c.out) if remote else local_path(c.out)
     targets = ([Target(c.out)] if remote else []) + [Target(m) for m in c.mirror]
     shard_tag = f"s{shard[0]}of{shard[1]}"
+    if not remote:
+        _check_identity(out / "run.json", identity)  # before the lock file, so a refused folder stays untouched
     with _locked(out):
         if remote:
             log(f"staging {c.out} in {out}")
@@ -406,6 +433,9 @@ async def _drive(dispatcher: Dispatcher, progress: Progress, out: Path, c: Regen
             await reporter
         for sig in installed:
             loop.remove_signal_handler(sig)
+            # remove_signal_handler restores SIGINT's KeyboardInterrupt and SIGTERM's default action:
+            # either would cut the journal's final compaction short. The run is stopping anyway.
+            signal.signal(sig, signal.SIG_IGN)
         if display:
             display.update(render(progress.snapshot()))
             display.stop()

@@ -242,3 +242,13 @@ def test_a_row_without_an_assistant_header_is_recorded_as_failed_and_never_sent(
     assert res.exit_code == 0 and rows[0]["status"] == "ok"
     assert rows[1]["status"] == "failed" and rows[1]["error"] == "row 1: no assistant header in input_ids; nothing to regenerate from"
     assert rows[1]["attempts"] == 0 and stub.status()["num_requests"] == before + 1
+
+
+def test_a_non_empty_folder_not_made_by_regen_is_refused(data, stub, tmp_path):
+    from dqa.errors import InputError
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "train.parquet").write_bytes(b"precious")
+    with pytest.raises(InputError, match="not a dqa regen output folder"):
+        _run(data, tmp_path / "out", [stub.url])
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["train.parquet"]
