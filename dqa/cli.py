@@ -40,8 +40,42 @@ def _root(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point.
+
+    SIGTERM stops a command like Ctrl-C: ``KeyboardInterrupt``, which every command turns into
+    exit 3 with no half-written output. Only the first signal interrupts; later ones are ignored
+    so they cannot cut that cleanup or the exit short (``dqa regen`` handles its own signals
+    while it dispatches: first drains, second cancels).
+    """
+    import signal
+
+    quiet = False  # set after the first interrupt and once the command has ended
+
+    def _interrupt(signum, frame):  # noqa: ANN001
+        nonlocal quiet
+        if not quiet:
+            quiet = True
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        app()
+    except SystemExit as exc:
+        quiet = True
+        if exc.code != 130:
+            raise
+        # typer turns a Ctrl-C that lands before the command body (argument parsing) into a silent 130.
+        import sys
+
+        print("dqa: error: interrupted", file=sys.stderr)
+        raise SystemExit(3) from None
+    finally:
+        quiet = True
+        # Interpreter shutdown resets Python-level handlers to the default action (a late signal
+        # would turn the exit code into a signal death) but leaves ignored signals ignored.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

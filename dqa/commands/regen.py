@@ -92,6 +92,11 @@ def regen(
         shard_rows=shard_rows,
     )
     result = regenerate(cfg)
+    # The run's files are final: a late Ctrl-C/SIGTERM must not turn this exit into a signal death.
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     if json_out:
         typer.echo(json.dumps(result.progress, indent=2))
     if result.exit_code != 0:
