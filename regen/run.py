@@ -104,29 +104,6 @@ class RunResult:
     shards: list[str] = field(default_factory=list)
 
 
-def load_fleet(path: str) -> dict[str, Any]:
-    """Read a fleet file (FORMATS.md). Raises ``InputError`` when missing or malformed."""
-    p = Path(path)
-    try:
-        obj = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{p}: no such fleet file (write one with `dqa fleet up`)") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{p}: not a JSON fleet file ({exc})") from None
-    eps = obj.get("endpoints") if isinstance(obj, dict) else None
-    if not isinstance(eps, list) or not eps or not all(isinstance(e, dict) and isinstance(e.get("url"), str) for e in eps):
-        raise InputError(f"{p}: expected 'endpoints': a non-empty list of objects with a 'url'")
-    return obj
-
-
-def _gpus_of_fleet(fleet: dict[str, Any]) -> int:
-    n = 0
-    for e in fleet["endpoints"]:
-        g = e.get("gpu")
-        n += len([x for x in str(g).split(",") if x.strip()]) if g not in (None, "") else 1
-    return max(n, 1)
-
-
 def _dataset_identity(ds, num_rows: int) -> dict[str, Any]:
     base = ds.path if ds.path.is_dir() else ds.path.parent
     files = []
@@ -225,16 +202,18 @@ def _regenerate(config: RegenConfig) -> RunResult:
     # --- options and fleet -------------------------------------------------------------
     if bool(c.endpoints) == bool(c.fleet):
         raise UsageError("give --endpoint URL (repeatable) or --fleet FILE, not both and not neither")
-    fleet = load_fleet(c.fleet) if c.fleet else None
-    urls = [e["url"] for e in fleet["endpoints"]] if fleet else list(c.endpoints)
+    from dqa.regen.fleet_file import read_fleet
+
+    fleet = read_fleet(c.fleet) if c.fleet else None
+    urls = fleet.urls if fleet else list(c.endpoints)
     for u in urls:
         if not u.startswith(("http://", "https://")):
             raise UsageError(f"endpoint {u!r}: expected an http:// or https:// URL")
     urls = list(dict.fromkeys(u.rstrip("/") for u in urls))
-    protocol_name = c.protocol or (fleet or {}).get("protocol") or "sglang"
+    protocol_name = c.protocol or (fleet.protocol if fleet else "sglang")
     if protocol_name not in ("sglang", "openai"):
         raise UsageError(f"--protocol {protocol_name!r}: expected sglang or openai")
-    model = c.model or (fleet or {}).get("model") or ""
+    model = c.model or (fleet.model if fleet else "")
     if c.max_in_flight < 1:
         raise UsageError("--max-in-flight must be >= 1")
     if c.max_new_tokens < 1:
@@ -245,7 +224,7 @@ def _regenerate(config: RegenConfig) -> RunResult:
         if not key:
             raise UsageError(f"--api-key-env {c.api_key_env}: that environment variable is not set")
         headers["Authorization"] = f"Bearer {key}"
-    gpus = c.gpus if c.gpus is not None else (_gpus_of_fleet(fleet) if fleet else len(urls))
+    gpus = c.gpus if c.gpus is not None else (fleet.gpu_count if fleet else len(urls))
     shard = parse_shard(c.shard)
 
     # --- dataset, template, selection ----------------------------------------------------

@@ -1,4 +1,5 @@
-"""The openai protocol end to end against a real `transformers serve` with the tiny random Qwen3 model.
+"""The openai protocol end to end against a real `transformers serve` with the tiny random Qwen3 model
+(the session fixture ``transformers_server`` in conftest.py).
 
 What that server does (checked here): it has no /health_generate (dqa falls back to /health),
 rejects SGLang's extra fields `top_k` and `rid` with a 422 (dqa drops them for that endpoint),
@@ -9,12 +10,6 @@ real Qwen3 chat template; the rendered prompt must equal the sample's prompt tok
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -26,48 +21,6 @@ from regen_helpers import read_shards, write_findings
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def transformers_server(tmp_path_factory):
-    """`transformers serve MODEL` on a free port with the tiny model preloaded; yields (url, model path)."""
-    sys.path.insert(0, str(REPO / "examples"))
-    from tiny_model import build_tiny_qwen3
-
-    model = build_tiny_qwen3(tmp_path_factory.mktemp("models") / "tiny")
-    port = _free_port()
-    exe = Path(sys.executable).with_name("transformers")
-    log = open(tmp_path_factory.mktemp("serve") / "serve.log", "wb")
-    proc = subprocess.Popen(
-        [str(exe), "serve", str(model), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"transformers serve did not come up; see {log.name}")
-        time.sleep(0.3)
-    yield url, str(model)
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture(scope="module")
