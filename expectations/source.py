@@ -53,6 +53,7 @@ def load_scan_folder(path: str | Path) -> ScanFolder:
         raise InputError(f"{mfile}: not a readable parquet file ({' '.join(str(exc).split())[:200]})") from None
     if "row" not in metrics.columns:
         raise InputError(f"{mfile}: no 'row' column (expected the metrics table of `dqa scan`)")
+    check_metrics_table(metrics, mfile)
     summary: dict[str, Any] = {}
     sfile = p / "summary.json"
     if sfile.is_file():
@@ -61,6 +62,39 @@ def load_scan_folder(path: str | Path) -> ScanFolder:
         except (OSError, json.JSONDecodeError) as exc:
             raise InputError(f"{sfile}: not valid JSON ({exc})") from None
     return ScanFolder(path=p, metrics=metrics, summary=summary)
+
+
+def check_metrics_table(metrics: pl.DataFrame, mfile: Path) -> None:
+    """Refuse a metrics table that is not what `dqa scan` writes (FORMATS.md) before any suite runs.
+
+    A damaged table would otherwise read as a quality failure (exit 1) with NaN statistics.
+    Raises ``InputError`` naming the file and the column (and row) for: no rows, a missing
+    per-sample metric column, a column of the wrong type, or a null value.
+    """
+    from dqa.audit.checks import CHECK_NAMES
+    from dqa.audit.kernels import METRIC_COLUMNS
+
+    if metrics.height == 0:
+        raise InputError(f"{mfile}: no rows (an empty metrics table)")
+    for name in METRIC_COLUMNS:
+        if name not in metrics.columns:
+            raise InputError(f"{mfile}: no column {name!r} (expected the metrics table of `dqa scan`, see FORMATS.md)")
+    booleans = {"has_assistant", "think_present", "think_closed", "final_turn_closed", "last_supervised_eot", "failed", *CHECK_NAMES}
+    for name in ("row", *METRIC_COLUMNS, "template_rows", "template_prompts", *sorted(booleans)):
+        if name not in metrics.columns:
+            continue
+        dtype = metrics.schema[name]
+        if name in booleans:
+            ok, want = dtype == pl.Boolean, "booleans"
+        elif name == "ngram_repeat_share":
+            ok, want = dtype.is_numeric(), "numbers"
+        else:
+            ok, want = dtype.is_integer(), "integers"
+        if not ok:
+            raise InputError(f"{mfile}: column {name!r} must hold {want}, found {dtype}")
+        nulls = metrics.get_column(name).is_null()
+        if nulls.any():
+            raise InputError(f"{mfile}: column {name!r}, row {int(nulls.arg_max())}: null (expected {want})")
 
 
 def obtain_scan(

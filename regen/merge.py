@@ -393,6 +393,38 @@ def _flat(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return (vals.to_numpy(zero_copy_only=False) if len(vals) else np.zeros(0, np.int64)), offs
 
 
+def _refuse_bad_values(arr: pa.Array, where: Callable[[int], str], col: str, kind: str) -> None:
+    """Raise ``InputError`` naming ``where(row)`` and ``col`` for a null list, a null inside a list,
+    a negative token id (``kind`` ids), a mask value outside 0/1 (mask) or a negative label other
+    than -100 (labels): what ``dqa scan`` refuses, checked with whole-array kernels."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if arr.null_count:
+        r = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+        raise InputError(f"{where(r)}: column {col!r}: null list (expected a list of integers)")
+    vals = pc.list_flatten(arr)
+    if len(vals) == 0 or pa.types.is_boolean(vals.type) or not pa.types.is_integer(vals.type):
+        bad = None if vals.null_count == 0 else vals.is_null()
+    elif kind == "mask":
+        bad = pc.or_kleene(pc.less(vals, 0), pc.greater(vals, 1))
+    elif kind == "labels":
+        bad = pc.and_kleene(pc.less(vals, 0), pc.not_equal(vals, -100))
+    else:
+        bad = pc.less(vals, 0)
+    if bad is None or not pc.any(pc.fill_null(bad, True)).as_py():
+        return
+    pos = int(np.flatnonzero(pc.fill_null(bad, True).to_numpy(zero_copy_only=False))[0])
+    row = int(pc.list_parent_indices(arr)[pos].as_py())
+    value = vals[pos].as_py()
+    if value is None:
+        what = "null inside the list (expected integers)"
+    elif kind == "ids":
+        what = f"negative token id {value}"
+    else:
+        what = f"value {value} (expected {'0 or 1' if kind == 'mask' else '-100 or a token id'})"
+    raise InputError(f"{where(row)}: column {col!r}: {what}")
+
+
 def _ranks(lengths: np.ndarray) -> np.ndarray:
     total = int(lengths.sum())
     if total == 0:
@@ -511,6 +543,17 @@ class Merger:
         self.cache.release(start + n)
         return out
 
+    def _check_input(self, src: Path, start: int, rb: pa.RecordBatch) -> None:
+        """Refuse null lists or values, negative ids, and mask/label values scan would refuse."""
+        def where(r: int) -> str:
+            return f"{src}: row {start + r}"
+
+        _refuse_bad_values(rb.column(self.ids_col), where, self.ids_col, "ids")
+        for c in self.mask_cols:
+            _refuse_bad_values(rb.column(c), where, c, "mask")
+        for c in self.label_cols:
+            _refuse_bad_values(rb.column(c), where, c, "labels")
+
     def _failed_reasons(self, sel: np.ndarray) -> np.ndarray:
         """``regeneration failed: <the shard's error>`` for the index positions ``sel``."""
         errs = self.index.errors.take(pa.array(sel, type=pa.int64()))
@@ -562,6 +605,7 @@ class Merger:
             if arr.null_count:
                 j = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
                 raise InputError(f"{where(j)}: null {name} in a row with status ok/length")
+        _refuse_bad_values(ids, where, "input_ids", "ids")
         il = pc.list_value_length(ids).to_numpy()
         ml = pc.list_value_length(mask).to_numpy()
         if (il != ml).any():
@@ -725,6 +769,7 @@ class Merger:
                     break
                 if rb.num_rows == 0:
                     continue
+                self._check_input(src, start, rb)
                 pending.put((src, self.merge_batch(start, rb)))
                 start += rb.num_rows
                 if on_batch:
