@@ -156,7 +156,7 @@ def throughput(shards: pl.DataFrame, buckets: int = THROUGHPUT_BUCKETS) -> tuple
     t = shards["completed_at"].dt.epoch("us").to_numpy().astype(np.float64) / 1e6
     tok = shards["output_tokens"].fill_null(0).to_numpy().astype(np.float64)
     t0, span = float(t.min()), float(t.max() - t.min())
-    width = max(1.0, span / buckets)
+    width = max(0.01, span / buckets)
     # The last completion closes the last bucket instead of opening a near-empty one.
     n = max(1, int(math.ceil(span / width)))
     idx = np.minimum(((t - t0) / width).astype(np.int64), n - 1)
@@ -167,7 +167,9 @@ def throughput(shards: pl.DataFrame, buckets: int = THROUGHPUT_BUCKETS) -> tuple
 
 
 def duration(seconds: float) -> str:
-    """90 -> '1.5m', 7200 -> '2h'."""
+    """0.25 -> '0.25s', 90 -> '1.5m', 7200 -> '2h'."""
+    if seconds < 10:
+        return f"{seconds:.2g}s"
     if seconds < 120:
         return f"{seconds:.0f}s"
     if seconds < 7200:
@@ -176,13 +178,9 @@ def duration(seconds: float) -> str:
 
 
 def _num(v: Any) -> str:
-    if isinstance(v, bool) or v is None:
-        return esc("" if v is None else v)
-    if isinstance(v, int):
-        return f"{v:,}"
-    if isinstance(v, float):
-        return f"{v:,.4g}"
-    return esc(v)
+    from dqa.reports.markdown_validation import fmt_number
+
+    return esc(fmt_number(v))
 
 
 def _pct(v: float) -> str:
@@ -236,7 +234,8 @@ def _section_findings(inp: ReportInputs) -> str:
         for name, grp in ex.group_by("reasons", maintain_order=True):
             ids[str(name[0] if isinstance(name, tuple) else name)] = grp["key"].head(IDS_PER_CHECK).to_list()
     rows = []
-    for name, c in sorted(checks.items(), key=lambda kv: -int(kv[1].get("count", 0))):
+    # Root cause first, as in the terminal table: the samples a check explains best, then all it flags.
+    for name, c in sorted(checks.items(), key=lambda kv: (-int(kv[1].get("primary", 0)), -int(kv[1].get("count", 0)), kv[0])):
         cls = "bad" if c.get("count") else "ok"
         sample = ", ".join(esc(i) for i in ids.get(name, []))
         rows.append(

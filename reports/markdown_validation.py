@@ -35,7 +35,7 @@ def fmt_number(value: Any) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
-        return f"{value:,.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
+        return f"{value:,.4g}" if abs(value) < 1e3 else f"{value:,.0f}"
     return str(value)
 
 
