@@ -959,6 +959,8 @@ def _final_turn(r: random.Random, plan: Plan, qa: QA, thinking: str) -> tuple[st
 
 @functools.lru_cache(maxsize=1)
 def _tokenizer():
+    # Only the tokenizer and chat template are used: silence transformers' "PyTorch was not found".
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from transformers import AutoTokenizer
 
     from dqa.tokenizer_files import qwen3_tokenizer_dir

@@ -45,10 +45,14 @@ echo
 echo "Outputs: dqa-out/example/ (findings.parquet, metrics.parquet, summary.json, summary.md)"
 echo "Planted defects, for comparison: examples/data/truth.parquet (row, id, planted)"
 case $rc in
-    0) echo "dqa exit code 0: no failing samples above --max-fail-share (unexpected on this set: it has planted defects)" ;;
-    1) echo "dqa exit code 1: defects found, as expected on this set (about 30% of its rows are planted defects)" ;;
+    0) echo "dqa exit code 0: no failing samples above --max-fail-share (unexpected on this set: it has planted defects)"
+       rc=1 ;;  # the planted defects were missed: the demo failed
+    1) echo "dqa exit code 1: defects found, as expected on this set (about 30% of its rows are planted defects)"
+       rc=0 ;;  # the demo worked: this script succeeds
     2) echo "dqa exit code 2: usage or input error (see the message above)" ;;
     3) echo "dqa exit code 3: runtime failure (see the message above)" ;;
     *) echo "dqa exit code $rc" ;;
 esac
+# This script exits 0 when the scan found the planted defects (dqa's own exit code 1),
+# 1 when it missed them, and dqa's code (2, 3) when dqa failed.
 exit "$rc"
