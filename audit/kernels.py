@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dqa.arrays import ranks
 from dqa.audit.readers import TokenBatch
 from dqa.audit.template import TemplateSpec
 from dqa.errors import InputError
@@ -206,8 +207,7 @@ def _ngram_repeat_share(sup_mix: np.ndarray, anchors: np.ndarray, bounds: np.nda
     if suspicious.size:
         lengths = positions[suspicious]
         starts = bounds[suspicious]
-        ranks = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        all_pos = np.repeat(starts, lengths) + ranks
+        all_pos = np.repeat(starts, lengths) + ranks(lengths)
         all_row = np.repeat(suspicious, lengths)
         t2, d2 = _repeat_counts(all_row, _hash_ngrams(sup_mix, all_pos), n)
         share[suspicious] = d2[suspicious] / t2[suspicious]

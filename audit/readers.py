@@ -23,6 +23,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
+from dqa.arrays import ranks as _ranks, segment_sum as _segment_sum
 from dqa.errors import InputError
 
 IDS_DEFAULT = "input_ids"
@@ -508,17 +509,3 @@ def _token_slices(rb: pa.RecordBatch, ids_column: str, max_tokens: int) -> Itera
         end = max(int(np.searchsorted(cum, base + max_tokens, side="right")), start + 1)
         yield rb.slice(start, end - start)
         start = end
-
-
-def _ranks(lengths: np.ndarray) -> np.ndarray:
-    """``concat(arange(n) for n in lengths)`` without a Python loop."""
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    starts = np.cumsum(lengths) - lengths
-    return np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
-
-
-def _segment_sum(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    cs = np.concatenate(([0], np.cumsum(values, dtype=np.int64)))
-    return cs[offsets[1:]] - cs[offsets[:-1]]

@@ -55,6 +55,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dqa.arrays import ranks as _ranks
 from dqa.errors import InputError, RuntimeFailure
 
 PROVENANCE_COLUMN = "dqa_regen"
@@ -423,14 +424,6 @@ def _refuse_bad_values(arr: pa.Array, where: Callable[[int], str], col: str, kin
     else:
         what = f"value {value} (expected {'0 or 1' if kind == 'mask' else '-100 or a token id'})"
     raise InputError(f"{where(row)}: column {col!r}: {what}")
-
-
-def _ranks(lengths: np.ndarray) -> np.ndarray:
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    starts = np.cumsum(lengths) - lengths
-    return np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
 
 
 def _list_array(values: np.ndarray, offsets: np.ndarray, typ: pa.DataType) -> pa.Array:

@@ -15,6 +15,7 @@ from typing import Iterator
 
 import numpy as np
 
+from dqa.arrays import ranks as _ranks
 from dqa.errors import InputError, UsageError
 from dqa.regen.client import Job
 from dqa.regen.prompts import NO_HEADER, prompt_ends, sample_seed
@@ -176,12 +177,3 @@ def iter_jobs(dataset, rows: np.ndarray, header: tuple[int, ...], seed_base: int
             yield jobs
         if hi > last:
             return
-
-
-def _ranks(lengths: np.ndarray) -> np.ndarray:
-    """``concat(arange(n) for n in lengths)`` without a Python loop."""
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    starts = np.cumsum(lengths) - lengths
-    return np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
