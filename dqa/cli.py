@@ -43,26 +43,20 @@ def main() -> None:
     """Console-script entry point.
 
     SIGTERM stops a command like Ctrl-C: ``KeyboardInterrupt``, which every command turns into
-    exit 3 with no half-written output. Only the first signal interrupts; later ones are ignored
-    so they cannot cut that cleanup or the exit short (``dqa regen`` handles its own signals
+    exit 3 with no half-written output. Once a command has begun to end, later signals are
+    ignored so they cannot cut its cleanup or the exit short (``dqa regen`` handles its own signals
     while it dispatches: first drains, second cancels).
     """
     import signal
 
-    quiet = False  # set after the first interrupt and once the command has ended
+    from dqa.commands.common import interrupt_handler, stop_interrupts
 
-    def _interrupt(signum, frame):  # noqa: ANN001
-        nonlocal quiet
-        if not quiet:
-            quiet = True
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, interrupt_handler)
+    signal.signal(signal.SIGTERM, interrupt_handler)
     try:
         app()
     except SystemExit as exc:
-        quiet = True
+        stop_interrupts()
         if exc.code != 130:
             raise
         # typer turns a Ctrl-C that lands before the command body (argument parsing) into a silent 130.
@@ -71,11 +65,16 @@ def main() -> None:
         print("dqa: error: interrupted", file=sys.stderr)
         raise SystemExit(3) from None
     finally:
-        quiet = True
+        stop_interrupts()
         # Interpreter shutdown resets Python-level handlers to the default action (a late signal
         # would turn the exit code into a signal death) but leaves ignored signals ignored.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # CPython (3.11) remembers a KeyboardInterrupt that escaped any exec() of a source string
+        # (dataclasses build methods that way while modules import) even when a command caught it
+        # later, and then ends the process by SIGINT instead of our exit code. An exec() that
+        # completes clears that flag.
+        exec("pass")
 
 
 if __name__ == "__main__":

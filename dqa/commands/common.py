@@ -19,8 +19,27 @@ def stderr_is_tty() -> bool:
     return sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
 
 
+_stopping = False  # a command has begun to end: further SIGINT/SIGTERM are ignored
+
+
+def interrupt_handler(signum: int, frame: Any) -> None:
+    """SIGINT/SIGTERM handler of the CLI process: ``KeyboardInterrupt`` (exit 3 through
+    ``handles_errors``) until a command has begun to end; then nothing, so a second signal
+    cannot cut its cleanup or exit short. An interrupt swallowed somewhere (a weakref
+    callback) leaves the next signal effective."""
+    if not _stopping:
+        raise KeyboardInterrupt
+
+
+def stop_interrupts() -> None:
+    """From now on ``interrupt_handler`` ignores signals (the process is ending)."""
+    global _stopping
+    _stopping = True
+
+
 def fail(message: str, code: int) -> None:
     """Print ``dqa: error: message`` on one line to stderr and exit with ``code``."""
+    stop_interrupts()
     first = " ".join(str(message).split("\n")[0].split())
     print(f"dqa: error: {first}", file=sys.stderr)
     raise typer.Exit(code)
