@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import queue
 import shutil
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -237,7 +236,7 @@ def run_scan(
     tables = KernelTables.build(spec)
     out = Path(out_dir) if out_dir is not None else default_out_dir(dataset)
     out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=atomic.TMP_PREFIX + out.name + ".", dir=out.parent))
+    work = atomic.make_work_dir(out)
     try:
         part = work / "metrics.part.parquet"
         rows, tokens = _stream_metrics(ds, tables, part, options.batch_rows, progress)

@@ -106,6 +106,31 @@ def remove_stale_temps(folder: str | os.PathLike[str]) -> int:
     return removed
 
 
+def make_work_dir(dest: Path) -> Path:
+    """A new empty folder next to ``dest`` (``.tmp-NAME.PID.*``) to build ``dest`` in.
+
+    First removes such folders left by earlier runs whose process no longer exists (killed
+    with -9 or by power loss); a folder of a run still going is left alone.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    prefix = TMP_PREFIX + dest.name + "."
+    for d in dest.parent.glob(prefix + "*"):
+        pid = d.name[len(prefix):].split(".")[0]
+        if d.is_dir() and pid.isdigit() and not _process_exists(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.", dir=dest.parent))
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def replace_dir(src: Path, dest: Path) -> None:
     """Move the finished folder ``src`` to ``dest``, replacing an earlier folder there.
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -374,7 +373,7 @@ def validate_to_folder(
 
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=atomic.TMP_PREFIX + out.name + ".", dir=out.parent))
+    work = atomic.make_work_dir(out)
     try:
         v = run_validation(metrics, suite, fail_on, max_ids, work / DOCS_DIR if docs else None, source)
         summary = v.summary()
