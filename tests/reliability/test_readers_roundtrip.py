@@ -80,6 +80,7 @@ def write(case, folder: Path) -> Path:
     if fmt == "hf":
         import datasets
 
+        datasets.disable_progress_bars()
         datasets.Dataset(table(case, rows, 0)).save_to_disk(str(folder / "hf"), max_shard_size="1KB")
         return folder / "hf"
     if fmt == "jsonl":
