@@ -5,6 +5,7 @@ degraded (printed in the terminal summary; the figures go into RELIABILITY.md)."
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from regen_harness import (
     fast_config,
     read_shards,
     record_figure,
+    soak,
     wait_until,
 )
 
@@ -203,3 +205,54 @@ def test_cli_exits_3_with_a_clear_message_when_no_endpoint_answers(tmp_path, reg
     assert last.startswith("dqa: error:") and "down" in last and "rerun" in last, p.stderr
     assert "Traceback" not in p.stderr and SECRET not in p.stderr + p.stdout
     assert_no_secret(out)
+
+
+@pytest.mark.soak
+@pytest.mark.skipif(not soak(), reason="soak variant: run with DQA_SOAK=1")
+def test_soak_random_faults_on_every_endpoint_for_a_long_run(tmp_path, fleet, secret_env):
+    """Chaos for ~30 s: every 0.2-0.8 s a random endpoint gets a random fault (error window,
+    stall, malformed/error-chunk/drop/abort burst, death with a later restart)."""
+    import random
+
+    data = build_regen_data(tmp_path / "data", rows=9000)
+    log: list[str] = []
+    out = tmp_path / "out"
+    rng = random.Random(7)
+    done = threading.Event()
+    actions: dict[str, int] = {}
+
+    def chaos() -> None:
+        while not done.is_set():
+            time.sleep(rng.uniform(0.2, 0.8))
+            s = rng.choice(fleet)
+            if not s.alive():
+                s.restart()
+                continue
+            act = rng.choice(["errors", "stall", "garbage", "die", "calm"])
+            actions[act] = actions.get(act, 0) + 1
+            try:
+                if act == "errors":
+                    s.control(error_for_s=rng.uniform(0.3, 2.0))
+                elif act == "stall":
+                    s.control(stall_share=1.0)
+                    time.sleep(rng.uniform(0.3, 1.5))
+                    s.control(stall_share=0.0)
+                elif act == "garbage":
+                    s.control(malformed_share=0.1, error_chunk_share=0.1, drop_share=0.1, abort_share=0.1)
+                elif act == "die":
+                    s.kill()
+                else:
+                    s.control(malformed_share=0, error_chunk_share=0, drop_share=0, abort_share=0, stall_share=0)
+            except OSError:
+                pass  # the endpoint died under us: the next round restarts it
+
+    t = in_background(chaos)
+    try:
+        result, wall = run(fast_config(data, out, [s.url for s in fleet], log, down_deadline=60.0))
+    finally:
+        done.set()
+        join_ok(t)
+    assert result.exit_code == 0, result.message
+    counts = assert_exactly_once(out, data)
+    assert_no_secret(out, *log, log_dirs=(tmp_path / "fleet",))
+    record_figure("soak: random faults on all endpoints", out, wall, counts, note=json.dumps(actions, sort_keys=True))
