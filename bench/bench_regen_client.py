@@ -17,6 +17,7 @@ Part 2, ``serve``: against ``transformers serve`` with the tiny random Qwen3 mod
 (examples/tiny_model.py), dqa's output tok/s versus a plain load generator (a minimal asyncio
 loop posting the same chat requests) at equal concurrency. Goal: dqa >= 95% of the plain loop.
 
+    pip install -e '.[bench]'                          # the baselines' clients (openai, requests)
     python bench/bench_regen_client.py                 # both parts
     python bench/bench_regen_client.py --part loopback --rows 20000
     python bench/bench_regen_client.py --part serve --serve-rows 96 --serve-concurrency 8
