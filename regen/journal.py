@@ -163,12 +163,16 @@ def results_table(results: list[Result]):
     return pa.table(cols, schema=shard_schema())
 
 
+SHARD_ROW_GROUP = 2048
+
+
 def write_table(path: Path, table) -> None:
-    """Write a shard atomically (temp file + fsync + rename)."""
+    """Write a shard atomically (temp file + fsync + rename), in row groups of SHARD_ROW_GROUP rows
+    so readers (merge, report) can stream a shard without decoding all of it at once."""
     import pyarrow.parquet as pq
 
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, compression="zstd")
+        pq.write_table(table, tmp, compression="zstd", row_group_size=SHARD_ROW_GROUP)
 
 
 def shard_path(out: Path, tag: str, seq: int) -> Path:
