@@ -266,11 +266,11 @@ def infer_thinking(metrics: pl.DataFrame, min_share: float) -> tuple[bool, float
 
 
 def evaluate(metrics: pl.DataFrame, ctx: Context, only: list[str] | None = None) -> pl.DataFrame:
-    """Add one boolean column per check (False for checks not in ``only``) and ``failed``.
+    """Add one boolean column per check (False for checks not in ``only``; None means all) and ``failed``.
 
     ``metrics`` must already carry the columns of ``prepare``.
     """
-    selected = set(only) if only else set(CHECK_NAMES)
+    selected = set(CHECK_NAMES) if only is None else set(only)
     exprs = [
         (c.rule(ctx) if c.name in selected else pl.lit(False)).fill_null(False).alias(c.name) for c in CHECKS
     ]

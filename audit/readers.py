@@ -114,9 +114,8 @@ class Dataset:
 
     @property
     def name(self) -> str:
-        """A short name for output folders: the file stem or folder name."""
-        p = self.path
-        return p.name if p.is_dir() else p.name.split(".")[0]
+        """A short name for output folders (see ``dataset_name``)."""
+        return dataset_name(self.path)
 
     @property
     def num_rows(self) -> int | None:
@@ -168,6 +167,20 @@ class Dataset:
                 start += piece.num_rows
 
 
+def dataset_name(path: str | Path) -> str:
+    """A short name for a dataset's output folders: the folder name, or the file name without
+    its known format suffix (``train.v2.parquet`` -> ``train.v2``, ``d.jsonl.gz`` -> ``d``)."""
+    p = Path(path)
+    name = p.name
+    suffixes = (*PARQUET_SUFFIXES, *ARROW_SUFFIXES, *JSONL_SUFFIXES, ".gz", ".zst")
+    while not p.is_dir():  # strip known suffixes from the end, one at a time (".jsonl.gz")
+        match = next((x for x in suffixes if name.lower().endswith(x) and len(name) > len(x)), None)
+        if match is None:
+            break
+        name = name[: -len(match)]
+    return name or "dataset"
+
+
 def open_dataset(
     path: str | Path,
     ids_column: str | None = None,
@@ -208,7 +221,10 @@ def _detect(path: Path) -> tuple[str, list[Path]]:
         raise InputError(f"{path}: unknown format (expected .parquet, .arrow/.feather, .jsonl, or a folder)")
     # A folder: HF save_to_disk, or parquet / arrow / jsonl shards.
     if (path / "dataset_dict.json").is_file():
-        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
+        try:
+            splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
+        except (ValueError, AttributeError, OSError) as exc:
+            raise InputError(f"{path / 'dataset_dict.json'}: not a datasets DatasetDict file ({exc})") from None
         raise InputError(f"{path}: a DatasetDict; point dqa at one split folder ({', '.join(map(str, splits)) or 'none listed'})")
     if (path / "state.json").is_file():
         try:

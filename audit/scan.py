@@ -8,12 +8,13 @@ leaves output that looks complete.
 
 from __future__ import annotations
 
+import json
 import math
 import queue
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -26,7 +27,7 @@ from dqa import atomic
 from dqa.memory import reuse_freed_memory
 from dqa.audit import checks as checks_mod
 from dqa.audit.kernels import KernelTables, batch_metrics
-from dqa.audit.readers import Dataset, TokenBatch, open_dataset
+from dqa.audit.readers import Dataset, TokenBatch, dataset_name, open_dataset
 from dqa.audit.template import TemplateSpec, load_template
 from dqa.errors import InputError
 
@@ -63,14 +64,48 @@ class ScanResult:
 ProgressFn = Callable[[int, int], None]  # (rows done so far, tokens done so far)
 
 
+SCAN_FILES = ("metrics.parquet", "findings.parquet", "summary.json", "summary.md")
+
+
 def default_out_dir(dataset: str | Path) -> Path:
-    """``dqa-out/<dataset name>/`` in the current folder."""
-    p = Path(dataset)
-    name = p.name if p.is_dir() else p.name.split(".")[0]
-    return Path("dqa-out") / (name or "dataset")
+    """``dqa-out/<dataset name>/`` in the current folder (``train.v2.parquet`` -> ``dqa-out/train.v2/``)."""
+    return Path("dqa-out") / dataset_name(dataset)
+
+
+def is_scan_folder(path: Path) -> bool:
+    """True when ``path`` holds a scan's ``summary.json`` and ``metrics.parquet``."""
+    return (path / "summary.json").is_file() and (path / "metrics.parquet").is_file()
+
+
+def scan_fingerprint(ds: Dataset, options: ScanOptions) -> dict[str, Any]:
+    """What a scan's result depends on: every input file (name, size, mtime) and the options.
+
+    Two scans with equal fingerprints give equal results, so a stored scan can be reused.
+    """
+    files = []
+    for f in ds.files:
+        st = f.stat()
+        files.append([str(f.resolve()), st.st_size, st.st_mtime_ns])
+    opts = {k: v for k, v in asdict(options).items() if k != "batch_rows"}
+    return {"files": files, "options": json.loads(json.dumps(opts, sort_keys=True, default=str))}
+
+
+def reusable_scan(dataset: str | Path, out_dir: str | Path, options: ScanOptions | None = None) -> bool:
+    """True when ``out_dir`` holds a scan of ``dataset`` with these options and unchanged input files."""
+    out = Path(out_dir)
+    if not is_scan_folder(out):
+        return False
+    try:
+        stored = json.loads((out / "summary.json").read_text()).get("fingerprint")
+        options = options or ScanOptions()
+        ds = open_dataset(dataset, options.ids_column, options.mask_column, options.labels_column, options.id_column)
+        return stored == scan_fingerprint(ds, options)
+    except (OSError, ValueError, InputError):
+        return False
 
 
 def _selected_checks(options: ScanOptions) -> list[str]:
+    """The checks to run: ``only`` (default all) minus ``skip``; may be empty."""
     only = options.only or list(checks_mod.CHECK_NAMES)
     for name in [*only, *options.skip]:
         if name not in checks_mod.BY_NAME:
@@ -235,7 +270,8 @@ def run_scan(
     spec = load_template(options.tokenizer)
     tables = KernelTables.build(spec)
     out = Path(out_dir) if out_dir is not None else default_out_dir(dataset)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic.check_output_dir(out, [Path(dataset)], is_scan_folder, "dqa scan folder")
+    fingerprint = scan_fingerprint(ds, options)
     work = atomic.make_work_dir(out)
     try:
         part = work / "metrics.part.parquet"
@@ -262,6 +298,7 @@ def run_scan(
             )
         )
         summary = _summary(ds, metrics, findings, spec, ctx, share, options, selected, tokens, time.perf_counter() - t0)
+        summary["fingerprint"] = fingerprint
         summary["degenerate_templates"] = _templates(metrics, ds, spec, options.batch_rows, rows)
         metrics.write_parquet(work / "metrics.parquet", compression="zstd")
         findings.write_parquet(work / "findings.parquet", compression="zstd")
@@ -269,7 +306,8 @@ def run_scan(
 
         atomic.write_json(work / "summary.json", summary)
         atomic.write_text(work / "summary.md", render_scan_markdown(summary))
-        atomic.replace_dir(work, out)
+        # validate/gate/report outputs that live in the scan folder survive a rescan.
+        atomic.replace_dir(work, out, keep=lambda name: name not in SCAN_FILES and not name.startswith(atomic.TMP_PREFIX))
     except OSError as exc:
         shutil.rmtree(work, ignore_errors=True)
         raise atomic.named_os_error(exc, out) from exc

@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 TMP_PREFIX = ".tmp-"
 
@@ -46,9 +46,7 @@ def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + dest.name + ".", dir=dest.parent)
     os.close(fd)
     # mkstemp makes 0600 files; give the result the mode a plain open() would (0666 & ~umask).
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
+    os.chmod(tmp, 0o666 & ~_umask())
     tmp_path = Path(tmp)
     try:
         yield tmp_path
@@ -118,7 +116,15 @@ def make_work_dir(dest: Path) -> Path:
         pid = d.name[len(prefix):].split(".")[0]
         if d.is_dir() and pid.isdigit() and not _process_exists(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.", dir=dest.parent))
+    work = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.", dir=dest.parent))
+    os.chmod(work, 0o777 & ~_umask())  # mkdtemp makes 0700; the result should look like a plain mkdir
+    return work
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _process_exists(pid: int) -> bool:
@@ -131,11 +137,36 @@ def _process_exists(pid: int) -> bool:
     return True
 
 
-def replace_dir(src: Path, dest: Path) -> None:
+def check_output_dir(dest: Path, inputs: Sequence[Path], owned: Callable[[Path], bool], what: str) -> None:
+    """Refuse an output folder whose replacement would destroy anything but dqa's own earlier output.
+
+    ``dest`` may not be, contain, or (for folder inputs) sit inside any of ``inputs``; an
+    existing non-empty ``dest`` must satisfy ``owned`` (it holds an earlier ``what``).
+    Raises ``InputError`` naming the folder.
+    """
+    from dqa.errors import InputError
+
+    d = dest.resolve()
+    for inp in inputs:
+        i = Path(inp).resolve()
+        if d == i or d in i.parents:
+            raise InputError(f"{dest}: the output folder would replace the input {inp}; choose another --out")
+        if i.is_dir() and i in d.parents:
+            raise InputError(f"{dest}: the output folder lies inside the input folder {inp}; choose another --out")
+    if d.exists():
+        if not d.is_dir():
+            raise InputError(f"{dest}: exists and is not a folder")
+        if any(d.iterdir()) and not owned(d):
+            raise InputError(f"{dest}: exists and is not an earlier {what}; choose another --out or remove it")
+
+
+def replace_dir(src: Path, dest: Path, keep: Callable[[str], bool] | None = None) -> None:
     """Move the finished folder ``src`` to ``dest``, replacing an earlier folder there.
 
     Two renames (old aside, new in), then the old copy is deleted: a crash in between
     leaves ``dest`` missing and a ``.tmp-*.old`` folder, never a half-written ``dest``.
+    Entries of the old folder whose name ``keep`` accepts (and that the new one lacks) move
+    into the new folder first: outputs other commands put there survive a rerun.
     Raises ``InputError`` when ``dest`` exists and is not a folder.
     """
     from dqa.errors import InputError
@@ -147,6 +178,10 @@ def replace_dir(src: Path, dest: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
         os.replace(dest, old)
         os.replace(src, dest)
+        if keep is not None:
+            for entry in old.iterdir():
+                if keep(entry.name) and not (dest / entry.name).exists():
+                    os.replace(entry, dest / entry.name)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(src, dest)

@@ -23,6 +23,7 @@ their relative shift, for people; they do not gate on their own.
 from __future__ import annotations
 
 import math
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -164,12 +165,28 @@ def run_gate(
     ``gate.json``, ``gate.md`` and ``junit.xml`` (expectations and drift checks as test
     cases). Raises ``InputError`` / ``RuntimeFailure`` like the validation.
     """
+    thr = thresholds or DriftThresholds()
+    out = Path(out_dir)
+    atomic.check_output_dir(out, [], lambda d: (d / "gate.json").is_file(), "dqa gate folder")
+    # The whole gate folder is built aside and moved into place: a stale gate.json never
+    # sits next to a newer validation.
+    work = atomic.make_work_dir(out)
+    try:
+        gate = _gate_into(work, out, release, suite, baseline, fail_on, thr, max_ids, docs)
+        atomic.replace_dir(work, out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return gate
+
+
+def _gate_into(work: Path, out: Path, release: ScanFolder, suite: Suite, baseline: ScanFolder | None, fail_on: str,
+               thr: DriftThresholds, max_ids: int, docs: bool) -> dict[str, Any]:
+    """Write the gate's files into ``work`` (paths recorded as under ``out``); return gate.json's dict."""
     from dqa.reports.junit import Case, JUnitSuite, validation_testsuite, write_junit
     from dqa.reports.markdown_validation import render_gate_markdown
 
-    thr = thresholds or DriftThresholds()
-    out = Path(out_dir)
-    v = validate_to_folder(release.metrics, suite, out / "validation", fail_on, max_ids, docs, source=str(release.path / "metrics.parquet"))
+    v = validate_to_folder(release.metrics, suite, work / "validation", fail_on, max_ids, docs, source=str(release.path / "metrics.parquet"))
     summary = v.summary()
     drift = compute_drift(release.metrics, baseline.metrics, thr) if baseline is not None else None
     passed = v.success and (drift is None or drift["passed"])
@@ -199,9 +216,9 @@ def run_gate(
             for c in drift["checks"]
         ]
         suites.append(JUnitSuite(name="dqa.gate.drift", cases=cases))
-    atomic.write_json(out / "gate.json", gate)
-    atomic.write_text(out / "gate.md", render_gate_markdown(gate))
-    write_junit(out / "junit.xml", suites)
+    atomic.write_json(work / "gate.json", gate)
+    atomic.write_text(work / "gate.md", render_gate_markdown(gate))
+    write_junit(work / "junit.xml", suites)
     return gate
 
 

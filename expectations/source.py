@@ -24,7 +24,6 @@ class ScanFolder:
     path: Path
     metrics: pl.DataFrame
     summary: dict[str, Any] = field(default_factory=dict)
-    scanned_now: bool = False
 
     @property
     def dataset(self) -> str:
@@ -106,8 +105,9 @@ def obtain_scan(
     progress: Callable[[int, int], None] | None = None,
 ) -> ScanFolder:
     """The metrics for ``target``: ``metrics_dir`` if given, ``target`` itself if it is a scan
-    folder, otherwise a fresh ``run_scan(target)`` written to ``scan_out`` (default
-    ``dqa-out/<dataset name>/``).
+    folder, otherwise the scan in ``scan_out`` (default ``dqa-out/<dataset name>/``): reused
+    when it was made from the same, unchanged files with the same options, else made afresh
+    with ``run_scan(target)``.
 
     Raises ``InputError`` for a missing target or unreadable input (from the scan too).
     """
@@ -118,8 +118,11 @@ def obtain_scan(
         return load_scan_folder(t)
     if not t.exists():
         raise InputError(f"{t}: no such dataset or scan folder")
-    from dqa.audit.scan import ScanOptions, default_out_dir, run_scan
+    from dqa.audit.scan import ScanOptions, default_out_dir, reusable_scan, run_scan
 
     out = Path(scan_out) if scan_out is not None else default_out_dir(t)
-    result = run_scan(t, out, ScanOptions(tokenizer=tokenizer, thinking=thinking), progress=progress)
-    return ScanFolder(path=result.out_dir, metrics=result.metrics, summary=result.summary, scanned_now=True)
+    options = ScanOptions(tokenizer=tokenizer, thinking=thinking)
+    if reusable_scan(t, out, options):
+        return load_scan_folder(out)
+    result = run_scan(t, out, options, progress=progress)
+    return ScanFolder(path=result.out_dir, metrics=result.metrics, summary=result.summary)

@@ -372,7 +372,7 @@ def validate_to_folder(
     from dqa.reports.markdown_validation import render_validation_markdown
 
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic.check_output_dir(out, [], lambda d: (d / "validation.json").is_file(), "dqa validation folder")
     work = atomic.make_work_dir(out)
     try:
         v = run_validation(metrics, suite, fail_on, max_ids, work / DOCS_DIR if docs else None, source)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from dqa.reports.scan_markdown import ranked_checks, template_repr
@@ -24,6 +25,7 @@ def print_scan_table(summary: dict[str, Any], out_dir: str, console: Console) ->
         if name == "degenerate_template" and templates:
             t = templates[0]
             detail = f"{template_repr(t['text'])} ({t['tokens']} tokens)"
+        detail = escape(detail)  # decoded sample text is data, not rich markup
         style = "red" if c["share"] >= 0.10 else "yellow"
         table.add_row(name, f"[{style}]{c['share']:.1%}[/]", f"{c['count']:,}", detail)
     if not ranked_checks(summary):
@@ -38,5 +40,5 @@ def print_scan_table(summary: dict[str, Any], out_dir: str, console: Console) ->
     console.print(
         f"[{colour}]{summary['failing_rows']:,} of {rows:,} samples fail ({share:.1%})[/] · "
         f"thinking {'expected' if summary['thinking_expected'] else 'not expected'} · "
-        f"findings: {out_dir}/findings.parquet"
+        f"findings: {escape(out_dir)}/findings.parquet"
     )

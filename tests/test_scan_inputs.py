@@ -260,3 +260,79 @@ def test_a_row_of_a_million_tokens(cli, rows, tmp_path):
     result = cli("scan", tmp_path / "d.parquet", "--out", tmp_path / "o", "--json")
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["supervised_tokens_distribution"]["max"] == len(body)
+
+
+# --- output folders: never destroy what is not dqa's own -----------------------------------
+
+
+def test_out_refuses_the_input_and_foreign_folders(cli, rows, tmp_path):
+    (tmp_path / "ds").mkdir()
+    pq.write_table(table_of(rows), tmp_path / "ds" / "d.parquet")
+    (tmp_path / "ds" / "README.md").write_text("keep me")
+    for out in (tmp_path / "ds", tmp_path, tmp_path / "ds" / "scan"):
+        result = cli("scan", tmp_path / "ds", "--out", out)
+        assert result.exit_code == 2 and "input" in result.stderr, result.stderr
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("not a scan")
+    result = cli("scan", tmp_path / "ds", "--out", tmp_path / "mine")
+    assert result.exit_code == 2 and "not an earlier dqa scan folder" in result.stderr
+    assert (tmp_path / "ds" / "README.md").read_text() == "keep me"
+    assert (tmp_path / "mine" / "notes.txt").is_file()
+
+
+def test_a_rescan_keeps_what_other_commands_put_in_the_scan_folder(cli, rows, tmp_path):
+    pq.write_table(table_of(rows), tmp_path / "d.parquet")
+    out = tmp_path / "scan"
+    cli("scan", tmp_path / "d.parquet", "--out", out, "--quiet")
+    (out / "validation-release").mkdir()
+    (out / "validation-release" / "validation.json").write_text("{}")
+    (out / "report.html").write_text("<html></html>")
+    cli("scan", tmp_path / "d.parquet", "--out", out, "--quiet")
+    assert (out / "validation-release" / "validation.json").is_file() and (out / "report.html").is_file()
+    assert (out / "metrics.parquet").is_file()
+
+
+def test_validate_and_gate_reuse_an_up_to_date_scan(rows, tmp_path, monkeypatch):
+    from dqa.audit.scan import ScanOptions, reusable_scan, run_scan
+
+    monkeypatch.chdir(tmp_path)
+    pq.write_table(table_of(rows), tmp_path / "d.parquet")
+    run_scan(tmp_path / "d.parquet")
+    assert reusable_scan(tmp_path / "d.parquet", "dqa-out/d")
+    assert not reusable_scan(tmp_path / "d.parquet", "dqa-out/d", ScanOptions(thinking="off"))
+    pq.write_table(table_of(rows[:-1]), tmp_path / "d.parquet")  # the data changed
+    assert not reusable_scan(tmp_path / "d.parquet", "dqa-out/d")
+
+
+def test_default_out_dir_keeps_dotted_names_apart():
+    from dqa.audit.scan import default_out_dir
+
+    assert default_out_dir("data/train.parquet").name == "train"
+    assert default_out_dir("data/train.v2.parquet").name == "train.v2"
+    assert default_out_dir("data/train.jsonl.gz").name == "train"
+
+
+def test_skipping_every_selected_check_flags_nothing(cli, rows, tmp_path):
+    pq.write_table(table_of(rows), tmp_path / "d.parquet")
+    result = cli("scan", tmp_path / "d.parquet", "--out", tmp_path / "o", "--json", "--checks", "degenerate_template",
+                 "--skip", "degenerate_template")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["failing_rows"] == 0
+
+
+def test_template_text_that_looks_like_rich_markup_is_printed_verbatim(cli, tmp_path):
+    answer = "[/INST] [bold]done[/bold]"
+    rows = good_rows(30) + [
+        render([{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": answer}], enable_thinking=False)
+        for i in range(12)
+    ]
+    pq.write_table(table_of(rows), tmp_path / "d.parquet")
+    result = cli("scan", tmp_path / "d.parquet", "--out", tmp_path / "o")
+    assert result.exit_code == 1, result.stderr
+    assert "[/INST]" in result.stdout
+
+
+def test_malformed_dataset_dict_is_an_input_error(cli, tmp_path):
+    (tmp_path / "dd").mkdir()
+    (tmp_path / "dd" / "dataset_dict.json").write_text("{not json")
+    _bad(cli, tmp_path, tmp_path / "dd", "dataset_dict.json")

@@ -46,7 +46,11 @@ def fail(message: str, code: int) -> None:
 
 
 def handles_errors(fn: F) -> F:
-    """Turn ``DqaError`` into its one-line message and exit code; Ctrl-C into exit 3."""
+    """Turn ``DqaError`` into its one-line message and exit code; Ctrl-C into exit 3.
+
+    Anything else is a bug in dqa: one line naming the exception and exit 3 (never 1, which
+    means "quality failure"); ``DQA_DEBUG=1`` shows the traceback instead.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -61,6 +65,12 @@ def handles_errors(fn: F) -> F:
                 raise
             where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
             fail(f"{where}{exc.strerror or exc}", EXIT_RUNTIME)
+        except typer.Exit:
+            raise
+        except Exception as exc:  # a bug: still one line and a code that cannot read as "quality failure"
+            if os.environ.get("DQA_DEBUG"):
+                raise
+            fail(f"internal error: {type(exc).__name__}: {exc} (rerun with DQA_DEBUG=1 for the traceback)", EXIT_RUNTIME)
 
     return wrapper  # type: ignore[return-value]
 
