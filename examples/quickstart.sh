@@ -9,7 +9,8 @@
 #    defects) and examples/data/truth.parquet (which rows carry which defect), if missing,
 # 3. runs `dqa scan examples/data/example.parquet --tokenizer qwen3`.
 #
-# Exits with dqa's exit code: 1 means "defects found", which is the expected result here.
+# dqa scan exits 1 here ("defects found": the expected result); this script then exits 0.
+# It exits 1 if the scan missed the planted defects, and 2 or 3 if dqa failed.
 set -euo pipefail
 
 if [[ ! -f pyproject.toml || ! -f examples/build_example.py ]]; then
