@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dqa.errors import InputError, RuntimeFailure, UsageError
+from dqa.formatting import human_count, human_duration
 
 SECONDS_PER_HOUR = 3600.0
 SECONDS_PER_DAY = 86400.0
@@ -150,27 +151,6 @@ def parse_scenario(text: str, samples: int, avg_output_tokens: float, default_co
         tok_per_gpu=tok_per_gpu,
         gpu_hour_cost=cost,
     )
-
-
-def human_count(x: float) -> str:
-    """``2285000000`` -> ``2.29B``; ``5400000`` -> ``5.40M``; ``12913.6`` -> ``12.9K``; small numbers plain."""
-    ax = abs(x)
-    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if ax >= div:
-            v = x / div
-            return f"{v:.2f}{suffix}" if abs(v) < 100 else f"{v:.1f}{suffix}"
-    return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
-
-
-def human_duration(seconds: float) -> str:
-    """``1428125`` -> ``16.5 d``; ``163176`` -> ``45.3 h``; ``90`` -> ``1.5 min``."""
-    if seconds >= 2 * SECONDS_PER_DAY:
-        return f"{seconds / SECONDS_PER_DAY:.1f} d"
-    if seconds >= 2 * SECONDS_PER_HOUR:
-        return f"{seconds / SECONDS_PER_HOUR:.1f} h"
-    if seconds >= 120:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds:.0f} s"
 
 
 def table_rows(plans: list[Plan]) -> list[tuple[str, list[str]]]:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from dqa.formatting import human_duration
+
 WINDOW_S = 60.0
 
 
@@ -112,15 +114,6 @@ class Progress:
         }
 
 
-def _dur(s: float | None) -> str:
-    if s is None:
-        return "?"
-    s = int(s)
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s"
-
-
 def render(snap: dict[str, Any]):
     """A rich renderable of a snapshot: one summary line and a per-endpoint table."""
     from rich.progress_bar import ProgressBar
@@ -140,7 +133,7 @@ def render(snap: dict[str, Any]):
         cost = f" | cost ${snap['cost_so_far']:,.2f} -> ${proj:,.2f}" if proj is not None else f" | cost ${snap['cost_so_far']:,.2f}"
     line = (
         f"{snap['req_per_s']:.1f} req/s | {snap['output_tok_per_s']:,.0f} out tok/s | mean out {snap['mean_output_tokens']:,.0f} tok"
-        f" | in flight {snap['in_flight']} | elapsed {_dur(snap['elapsed_s'])} | ETA {_dur(snap['eta_s'])}{cost}"
+        f" | in flight {snap['in_flight']} | elapsed {human_duration(snap['elapsed_s'])} | ETA {human_duration(snap['eta_s'])}{cost}"
     )
     eps = Table(box=None, padding=(0, 1), show_edge=False)
     for c in ("endpoint", "health", "in flight", "done", "failed", "out tokens"):

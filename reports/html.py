@@ -26,7 +26,8 @@ import polars as pl
 
 from dqa import atomic
 from dqa.errors import InputError
-from dqa.reports.svg import Series, esc, grouped_bars, line_chart, short_number
+from dqa.formatting import human_count, human_duration
+from dqa.reports.svg import Series, esc, grouped_bars, line_chart
 
 TEMPLATE_TEXT_MAX = 600
 IDS_PER_CHECK = 5
@@ -137,7 +138,7 @@ def log2_bins(*arrays: np.ndarray) -> tuple[list[str], list[np.ndarray]]:
     labels = ["0"]
     for k in range(1, nbins):
         lo, hi = 2 ** (k - 1), 2**k - 1
-        labels.append(short_number(lo) if lo == hi else f"{short_number(lo)}-{short_number(hi)}")
+        labels.append(human_count(lo, trim=True) if lo == hi else f"{human_count(lo, trim=True)}-{human_count(hi, trim=True)}")
     shares = []
     for a in arrays:
         a = np.asarray(a, dtype=np.int64)
@@ -164,17 +165,6 @@ def throughput(shards: pl.DataFrame, buckets: int = THROUGHPUT_BUCKETS) -> tuple
     done = np.cumsum(np.bincount(idx, minlength=n))
     xs = [(i + 0.5) * width for i in range(n)]
     return xs, tok_per_s.tolist(), done.astype(float).tolist(), width
-
-
-def duration(seconds: float) -> str:
-    """0.25 -> '0.25s', 90 -> '1.5m', 7200 -> '2h'."""
-    if seconds < 10:
-        return f"{seconds:.2g}s"
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f}m".replace(".0m", "m")
-    return f"{seconds / 3600:.1f}h".replace(".0h", "h")
 
 
 def _num(v: Any) -> str:
@@ -238,8 +228,10 @@ def _section_findings(inp: ReportInputs) -> str:
     for name, c in sorted(checks.items(), key=lambda kv: (-int(kv[1].get("primary", 0)), -int(kv[1].get("count", 0)), kv[0])):
         cls = "bad" if c.get("count") else "ok"
         sample = ", ".join(esc(i) for i in ids.get(name, []))
+        # summary.json checks carry a short label and the full "flags when" sentence (FORMATS.md).
+        label, flags_when = str(c.get("label") or ""), str(c.get("flags_when") or "")
         rows.append(
-            f'<tr class="{cls}"><td><code>{esc(name)}</code></td><td>{esc(c.get("label") or c.get("description") or "")}</td>'
+            f'<tr class="{cls}"><td><code>{esc(name)}</code></td><td title="{esc(flags_when)}">{esc(label or flags_when)}</td>'
             f'<td class="n">{_num(c.get("count", 0))}</td><td class="n">{_pct(float(c.get("share", 0.0)))}</td><td>{sample}</td></tr>'
         )
     head = "<tr><th>check</th><th>flags</th><th>rows</th><th>share</th><th>first samples</th></tr>"
@@ -274,16 +266,16 @@ def _section_regen(inp: ReportInputs) -> str:
             ("output tok/s", _num(p.get("output_tok_per_s"))),
             ("requests/s", _num(p.get("req_per_s"))),
             ("mean output tokens", _num(p.get("mean_output_tokens"))),
-            ("elapsed", esc(duration(float(p.get("elapsed_s") or 0.0)))),
+            ("elapsed", esc(human_duration(float(p.get("elapsed_s") or 0.0)))),
             ("cost so far / projected", f"{_num(p.get('cost_so_far'))} / {_num(p.get('cost_projected'))}"),
         ]))
     sh = inp.shards
     if sh is not None and sh.height:
         xs, tps, done, width = throughput(sh)
-        parts.append(line_chart(f"Output tokens per second (buckets of {duration(width)})", xs, [Series("output tok/s", tps, "#2e86ab")],
-                                "tokens / s", "time since the first completion", x_fmt=duration, x_min=0.0))
+        parts.append(line_chart(f"Output tokens per second (buckets of {human_duration(width)})", xs, [Series("output tok/s", tps, "#2e86ab")],
+                                "tokens / s", "time since the first completion", x_fmt=human_duration, x_min=0.0))
         parts.append(line_chart("Completed samples", xs, [Series("completed (cumulative)", done, "#66a182")],
-                                "samples", "time since the first completion", x_fmt=duration, x_min=0.0))
+                                "samples", "time since the first completion", x_fmt=human_duration, x_min=0.0))
         status = sh.group_by("status").len().sort("len", descending=True)
         parts.append('<p class="note">Shard rows: ' + ", ".join(f"{esc(s)} {n:,}" for s, n in status.iter_rows()) + "</p>")
     else:

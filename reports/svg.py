@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from dqa.formatting import human_count
+
 PALETTE = ("#d1495b", "#2e86ab", "#66a182", "#edae49", "#8d6a9f")
 W, H = 760, 300
 PAD_L, PAD_R, PAD_T, PAD_B = 64, 16, 36, 56
@@ -21,16 +23,9 @@ def esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def short_number(v: float) -> str:
-    """1234 -> 1.2K, 2500000 -> 2.5M; small values keep up to 3 significant digits."""
-    a = abs(v)
-    for unit, div in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
-        if a >= div:
-            x = v / div
-            return f"{x:.0f}{unit}" if x >= 100 else f"{x:.1f}".rstrip("0").rstrip(".") + unit
-    if v == int(v):
-        return str(int(v))
-    return f"{v:.3g}"
+def _axis_number(v: float) -> str:
+    """An axis label: ``1234`` -> ``1.23K``, ``2500000`` -> ``2.5M``."""
+    return human_count(v, trim=True)
 
 
 def nice_ticks(top: float, n: int = 5) -> list[float]:
@@ -91,7 +86,7 @@ def grouped_bars(title: str, bin_labels: Sequence[str], series: Sequence[Series]
     def y_of(v: float) -> float:
         return PAD_T + plot_h * (1 - v / ymax)
 
-    fmt = (lambda v: f"{v:g}%") if percent else short_number
+    fmt = (lambda v: f"{v:g}%") if percent else _axis_number
     parts = _frame(title, y_label, x_label, ticks, y_of, fmt)
     nb = max(1, len(bin_labels))
     slot = (W - PAD_L - PAD_R) / nb
@@ -113,11 +108,13 @@ def grouped_bars(title: str, bin_labels: Sequence[str], series: Sequence[Series]
 
 
 def line_chart(title: str, xs: Sequence[float], series: Sequence[Series], y_label: str, x_label: str,
-               x_fmt=short_number, x_min: float | None = None) -> str:
+               x_fmt=None, x_min: float | None = None) -> str:
     """Lines over a shared x axis (e.g. seconds since start); returns the ``<svg>`` element as text.
 
-    ``x_min`` starts the axis there (e.g. 0) instead of at the first point.
+    ``x_min`` starts the axis there (e.g. 0) instead of at the first point; ``x_fmt`` labels
+    the x ticks (default: short numbers such as ``1.5K``).
     """
+    x_fmt = x_fmt or _axis_number
     top = max((max(s.values) if len(s.values) else 0.0) for s in series) if series else 0.0
     ticks = nice_ticks(top or 1.0)
     ymax = ticks[-1] or 1.0
@@ -132,7 +129,7 @@ def line_chart(title: str, xs: Sequence[float], series: Sequence[Series], y_labe
     def x_of(x: float) -> float:
         return PAD_L + (W - PAD_L - PAD_R) * (x - x_lo) / span
 
-    parts = _frame(title, y_label, x_label, ticks, y_of, short_number)
+    parts = _frame(title, y_label, x_label, ticks, y_of, _axis_number)
     for t in nice_ticks(span, 6):
         if t > span * 1.001:
             break

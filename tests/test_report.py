@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -84,6 +85,10 @@ def test_report_draws_before_after_and_throughput_from_regen_shards(cli, defect_
     assert "length 12" in page and "ok 108" in page  # shard rows by status
     # The degenerate 'OK.' template and the findings table are there.
     assert "OK.&lt;|im_end|&gt;" in page and "degenerate_template" in page
+    # Each findings row shows the check's label from summary.json, its full sentence as a tooltip.
+    check = json.loads((defect_scan / "summary.json").read_text())["checks"]["degenerate_template"]
+    assert f'<td title="{html.escape(check["flags_when"], quote=True)}">{html.escape(check["label"], quote=True)}</td>' in page
+    assert "buckets of 15 s" in page  # the 600 s run in 40 buckets, a duration as dqa writes them everywhere
 
 
 def test_throughput_buckets_sum_to_the_output_tokens():
