@@ -23,6 +23,8 @@ from typing import Any
 from dqa.errors import InputError, RuntimeFailure, UsageError
 from dqa.formatting import human_count, human_duration
 
+from .http_probe import answers_ok
+
 SECONDS_PER_HOUR = 3600.0
 SECONDS_PER_DAY = 86400.0
 
@@ -119,11 +121,18 @@ def compute(s: Scenario) -> Plan:
     )
 
 
-def parse_scenario(text: str, samples: int, avg_output_tokens: float, default_cost: float | None) -> Scenario:
+def parse_scenario(
+    text: str,
+    samples: int,
+    avg_output_tokens: float,
+    default_cost: float | None,
+    default_fleet_cost: float | None = None,
+) -> Scenario:
     """Parse ``name:gpus:tok_per_gpu[:cost_per_gpu_hour]`` (e.g. ``b200:7:2300:3.86``).
 
-    The cost is a price per GPU-hour; when omitted, ``default_cost`` applies. Raises
-    ``UsageError`` naming the malformed field.
+    The cost is a price per GPU-hour. When omitted, ``default_fleet_cost`` (a price per hour
+    for the whole fleet) divided by this scenario's GPUs applies, else ``default_cost`` (per
+    GPU-hour). Raises ``UsageError`` naming the malformed field.
     """
     parts = text.split(":")
     if len(parts) not in (3, 4) or not parts[0]:
@@ -137,7 +146,9 @@ def parse_scenario(text: str, samples: int, avg_output_tokens: float, default_co
         tok_per_gpu = float(parts[2].replace(",", "").replace("_", ""))
     except ValueError:
         raise UsageError(f"--scenario {text!r}: tok_per_gpu {parts[2]!r} is not a number") from None
-    cost = default_cost
+    if gpus < 1:
+        raise UsageError(f"--scenario {text!r}: gpus must be >= 1, got {gpus}")
+    cost = default_cost if default_fleet_cost is None else default_fleet_cost / gpus
     if len(parts) == 4 and parts[3] != "":
         try:
             cost = float(parts[3].lstrip("$"))
@@ -264,15 +275,6 @@ def calibration_from_progress(progress: dict[str, Any], sample: int, out: str | 
     )
 
 
-def _answers_health(url: str, timeout: float = 5.0) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(url.rstrip("/") + "/health", timeout=timeout).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def calibrate(
     dataset: str | Path,
     findings: str | Path | None,
@@ -304,7 +306,7 @@ def calibrate(
         from .fleet_file import read_fleet
 
         urls = read_fleet(fleet).urls
-    if not any(_answers_health(u) for u in urls):
+    if not any(answers_ok(u.rstrip("/") + "/health", 5.0) for u in urls):
         raise RuntimeFailure(f"calibration: no endpoint answers /health ({', '.join(urls)}); is the fleet up? (`dqa fleet status`)")
     tmp = None
     if out is None:

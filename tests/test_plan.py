@@ -26,7 +26,7 @@ def test_914k_samples_of_2500_tokens_at_1600_tok_s_take_16_5_days(cli):
 
 
 def test_four_gpus_at_400_tok_s_each_is_the_same_16_5_day_plan(cli):
-    (p,) = _plan_json(cli, "--samples", "914000", "-t", "2500", "--tok-per-gpu", "400", "--gpus", "4")
+    (p,) = _plan_json(cli, "--samples", "914000", "--avg-output-tokens", "2500", "--tok-per-gpu", "400", "--gpus", "4")
     assert p["tok_per_s"] == 1600
     assert round(p["wall_days"], 1) == 16.5
     assert p["gpu_hours"] == pytest.approx(4 * 1_428_125 / 3600)
@@ -34,7 +34,7 @@ def test_four_gpus_at_400_tok_s_each_is_the_same_16_5_day_plan(cli):
 
 def test_5_6_req_s_of_2306_tokens_is_12_900_tok_s_45_hours_and_1215_dollars_at_27_per_hour(cli):
     (p,) = _plan_json(
-        cli, "--samples", "913786", "-t", "2306", "--req-per-s", "5.6", "--gpus", "7", "--fleet-hour-cost", "27"
+        cli, "--samples", "913786", "--avg-output-tokens", "2306", "--req-per-s", "5.6", "--gpus", "7", "--fleet-hour-cost", "27"
     )
     assert p["tok_per_s"] == pytest.approx(12_913.6)
     assert round(p["tok_per_s"], -2) == 12_900
@@ -48,10 +48,10 @@ def test_5_6_req_s_of_2306_tokens_is_12_900_tok_s_45_hours_and_1215_dollars_at_2
 
 
 def test_1500_tok_s_is_5_4m_per_hour_and_129_6m_per_day_shown_side_by_side(cli):
-    (p,) = _plan_json(cli, "--samples", "914000", "-t", "2500", "--tok-per-s", "1500")
+    (p,) = _plan_json(cli, "--samples", "914000", "--avg-output-tokens", "2500", "--tok-per-s", "1500")
     assert p["tok_per_hour"] == 5_400_000
     assert p["tok_per_day"] == 129_600_000
-    r = cli("plan", "--samples", "914000", "-t", "2500", "--tok-per-s", "1500")
+    r = cli("plan", "--samples", "914000", "--avg-output-tokens", "2500", "--tok-per-s", "1500")
     assert r.exit_code == 0
     lines = r.stdout.splitlines()
     hour = next(i for i, ln in enumerate(lines) if "tokens per hour" in ln)
@@ -60,7 +60,7 @@ def test_1500_tok_s_is_5_4m_per_hour_and_129_6m_per_day_shown_side_by_side(cli):
 
 
 def test_scenarios_appear_as_columns_of_one_table_with_cost_per_gpu_hour(cli):
-    args = ["--samples", "914000", "-t", "2500", "-s", "pro6000:4:400", "-s", "b200:7:2300:3.857"]
+    args = ["--samples", "914000", "--avg-output-tokens", "2500", "--scenario", "pro6000:4:400", "--scenario", "b200:7:2300:3.857"]
     plans = _plan_json(cli, *args)
     assert [p["name"] for p in plans] == ["pro6000", "b200"]
     assert plans[0]["cost"] is None
@@ -70,6 +70,36 @@ def test_scenarios_appear_as_columns_of_one_table_with_cost_per_gpu_hour(cli):
     header = next(ln for ln in r.stdout.splitlines() if "pro6000" in ln)
     assert header.index("pro6000") < header.index("b200")
     assert sum("wall time (days)" in ln for ln in r.stdout.splitlines()) == 1
+
+
+def test_a_fleet_hour_cost_is_divided_by_each_scenarios_own_gpu_count(cli):
+    """$27/h for a 7-GPU node is 3.857 per GPU-hour for that scenario, whatever the top-level --gpus."""
+    plans = _plan_json(
+        cli, "--samples", "913786", "--avg-output-tokens", "2306", "--fleet-hour-cost", "27",
+        "--tok-per-gpu", "1845", "--gpus", "7", "--scenario", "b200:7:2300", "--scenario", "half:4:2300", "--scenario", "own:2:2300:1.5",
+    )  # fmt: skip
+    given, b200, half, own = plans
+    assert given["gpu_hour_cost"] == pytest.approx(27 / 7) and given["fleet_hour_cost"] == pytest.approx(27)
+    assert b200["gpu_hour_cost"] == pytest.approx(27 / 7) and b200["fleet_hour_cost"] == pytest.approx(27)
+    assert half["gpu_hour_cost"] == pytest.approx(27 / 4) and half["fleet_hour_cost"] == pytest.approx(27)
+    assert own["gpu_hour_cost"] == 1.5  # a scenario's own price wins
+    # Without --gpus (default 1) the scenario still gets 27/7, not 27 per GPU-hour.
+    (b200,) = _plan_json(cli, "--samples", "1000", "--avg-output-tokens", "100", "--fleet-hour-cost", "27", "--scenario", "b200:7:2300")
+    assert b200["gpu_hour_cost"] == pytest.approx(27 / 7)
+    assert b200["cost"] == pytest.approx(b200["wall_hours"] * 27)
+
+
+def test_plan_short_flags_do_not_clash_with_scan_validate_and_gate(cli):
+    """-t is --tokenizer and -s is --suite elsewhere; plan has neither short flag."""
+    for flag in ("-t", "-s"):
+        r = cli("plan", "--samples", "10", flag, "100", "--tok-per-s", "10")
+        assert r.exit_code == 2 and "No such option" in r.output
+
+
+def test_quiet_plan_prints_nothing_and_still_checks_its_input(cli):
+    r = cli("plan", "--samples", "10", "--avg-output-tokens", "100", "--tok-per-s", "10", "--quiet")
+    assert r.exit_code == 0 and r.stdout == ""
+    assert cli("plan", "--samples", "10", "--avg-output-tokens", "100", "--quiet").exit_code == 2
 
 
 def test_a_scenario_takes_the_default_gpu_hour_cost_unless_it_names_its_own():
@@ -84,7 +114,7 @@ def test_a_scenario_takes_the_default_gpu_hour_cost_unless_it_names_its_own():
 def test_findings_folder_sets_the_sample_count_to_its_failing_rows(cli, tmp_path):
     table = pa.table({"row": pa.array([3, 7, 9], pa.int64()), "id": ["a", "b", "c"], "reasons": [["truncated"]] * 3})
     pq.write_table(table, tmp_path / "findings.parquet")
-    (p,) = _plan_json(cli, "--findings", str(tmp_path), "-t", "100", "--tok-per-s", "10")
+    (p,) = _plan_json(cli, "--findings", str(tmp_path), "--avg-output-tokens", "100", "--tok-per-s", "10")
     assert p["samples"] == 3
     assert p["wall_s"] == pytest.approx(30)
 
@@ -104,25 +134,27 @@ def test_fleet_file_gives_the_gpu_count(cli, tmp_path):
         "endpoints": [{"url": f"http://127.0.0.1:{30000 + i}", "gpu": str(i)} for i in range(7)],
     }  # fmt: skip
     (tmp_path / "fleet.json").write_text(json.dumps(fleet))
-    (p,) = _plan_json(cli, "--samples", "1000", "-t", "100", "--tok-per-gpu", "50", "--fleet", str(tmp_path / "fleet.json"))
+    (p,) = _plan_json(cli, "--samples", "1000", "--avg-output-tokens", "100", "--tok-per-gpu", "50", "--fleet", str(tmp_path / "fleet.json"))
     assert p["gpus"] == 7 and p["tok_per_s"] == 350
     fleet["endpoints"] = [{"url": "http://127.0.0.1:30000", "gpu": "0,1"}, {"url": "http://127.0.0.1:30001", "gpu": "2,3"}]
     (tmp_path / "fleet.json").write_text(json.dumps(fleet))
-    (p,) = _plan_json(cli, "--samples", "1000", "-t", "100", "--tok-per-gpu", "50", "--fleet", str(tmp_path / "fleet.json"))
+    (p,) = _plan_json(cli, "--samples", "1000", "--avg-output-tokens", "100", "--tok-per-gpu", "50", "--fleet", str(tmp_path / "fleet.json"))
     assert p["gpus"] == 4  # two tensor-parallel servers of two GPUs each
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["-t", "100", "--tok-per-s", "10"], "how many samples"),
+        (["--avg-output-tokens", "100", "--tok-per-s", "10"], "how many samples"),
         (["--samples", "10", "--tok-per-s", "10"], "mean output tokens"),
-        (["--samples", "10", "-t", "100"], "throughput"),
-        (["--samples", "10", "-t", "100", "--tok-per-s", "10", "--req-per-s", "1"], "throughput once"),
-        (["--samples", "10", "-t", "0", "--tok-per-s", "10"], "must be > 0"),
-        (["--samples", "10", "-t", "5", "--tok-per-s", "1", "--gpu-hour-cost", "1", "--fleet-hour-cost", "7"], "not both"),
-        (["--samples", "10", "-t", "5", "-s", "a:1:1", "-s", "a:2:2"], "used twice"),
-        (["--samples", "10", "-t", "5", "--calibrate", "--endpoint", "http://x"], "--dataset"),
+        (["--samples", "10", "--avg-output-tokens", "100"], "throughput"),
+        (["--samples", "10", "--avg-output-tokens", "100", "--tok-per-s", "10", "--req-per-s", "1"], "throughput once"),
+        (["--samples", "10", "--avg-output-tokens", "0", "--tok-per-s", "10"], "must be > 0"),
+        (["--samples", "10", "--avg-output-tokens", "5", "--tok-per-s", "1", "--gpu-hour-cost", "1", "--fleet-hour-cost", "7"], "not both"),
+        (["--samples", "10", "--avg-output-tokens", "5", "--scenario", "a:1:1", "--scenario", "a:2:2"], "used twice"),
+        (["--samples", "10", "--avg-output-tokens", "5", "--calibrate", "--endpoint", "http://x"], "--dataset"),
+        (["--samples", "10", "--avg-output-tokens", "5", "--tok-per-gpu", "10", "--gpus", "0"], "--gpus 0"),
+        (["--samples", "10", "--avg-output-tokens", "5", "--scenario", "a:0:100"], "gpus must be >= 1"),
     ],
 )
 def test_incomplete_or_contradictory_input_is_a_one_line_usage_error(cli, args, message):
@@ -175,6 +207,26 @@ def test_calibrate_plans_from_a_real_short_regeneration_on_a_server(cli, tmp_pat
     assert p["tok_per_s"] == pytest.approx(cal["req_per_s"] * cal["mean_output_tokens"])
     assert p["wall_s"] == pytest.approx(6 / cal["req_per_s"])
     assert p["cost"] == pytest.approx(p["wall_hours"] * 2)
+
+
+def test_calibrate_without_a_sample_count_is_refused_before_any_generation(cli, tmp_path, failing_set):
+    """No --samples/--findings: a usage error at once, nothing sent to the server, no run folder."""
+    from servers.sglang_contract import StubServer
+
+    data, _ = failing_set
+    with StubServer(tmp_path / "stub", "--latency-s", "0.05") as server:
+        r = cli(
+            "plan", "--calibrate", "--endpoint", server.url, "--dataset", data, "--sample", "2",
+            "--calibrate-out", tmp_path / "cal",
+        )  # fmt: skip
+        assert r.exit_code == 2 and "how many samples" in r.stderr
+        assert not (tmp_path / "cal").exists()
+        r = cli(
+            "plan", "--calibrate", "--endpoint", server.url, "--dataset", data, "--sample", "2", "--samples", "10",
+            "--scenario", "x:y", "--calibrate-out", tmp_path / "cal",
+        )  # fmt: skip
+        assert r.exit_code == 2 and "--scenario" in r.stderr
+        assert not (tmp_path / "cal").exists()
 
 
 def test_calibrate_against_a_dead_endpoint_fails_with_exit_3(cli, tmp_path, failing_set):

@@ -17,19 +17,20 @@ def plan(
         None, "--findings", help="Scan output folder (or its findings.parquet): plan for its failing rows."
     ),
     avg_output_tokens: Optional[float] = typer.Option(
-        None, "--avg-output-tokens", "-t", help="Mean output tokens per sample (thinking included), e.g. 2500."
+        None, "--avg-output-tokens", help="Mean output tokens per sample (thinking included), e.g. 2500."
     ),
     tok_per_s: Optional[float] = typer.Option(None, "--tok-per-s", help="Fleet output throughput, tokens/s in total."),
     tok_per_gpu: Optional[float] = typer.Option(None, "--tok-per-gpu", help="Output tokens/s per GPU (times --gpus)."),
     req_per_s: Optional[float] = typer.Option(None, "--req-per-s", help="Completed requests/s of the fleet (times --avg-output-tokens)."),
-    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs in the fleet (default 1, or the endpoints of --fleet)."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs in the fleet, >= 1 (default 1, or the endpoints of --fleet)."),
     fleet: Optional[Path] = typer.Option(None, "--fleet", "-f", help="Fleet file: its endpoint count is the GPU count (and --calibrate's servers)."),
     gpu_hour_cost: Optional[float] = typer.Option(None, "--gpu-hour-cost", help="Price per GPU-hour, e.g. 3.857 ($27/h for 7 GPUs)."),
     fleet_hour_cost: Optional[float] = typer.Option(
-        None, "--fleet-hour-cost", help="Price per hour for all --gpus together (a node price); divided by --gpus."
+        None, "--fleet-hour-cost",
+        help="Price per hour of the whole fleet (a node price), divided by its GPU count: --gpus, and each --scenario's own GPUs.",
     ),
     scenario: List[str] = typer.Option(
-        [], "--scenario", "-s", help="Another scenario name:gpus:tok_per_gpu[:cost_per_gpu_hour], repeatable, e.g. b200:7:2300:3.86."
+        [], "--scenario", help="Another scenario name:gpus:tok_per_gpu[:cost_per_gpu_hour], repeatable, e.g. b200:7:2300:3.86."
     ),
     calibrate: bool = typer.Option(False, "--calibrate", help="Measure throughput and output length with a short real regeneration first."),
     endpoint: List[str] = typer.Option([], "--endpoint", "-e", help="With --calibrate: a server URL (repeatable), instead of --fleet."),
@@ -43,6 +44,7 @@ def plan(
     ),
     max_new_tokens: int = typer.Option(8192, "--max-new-tokens", help="With --calibrate: output limit per prompt (as in the real run)."),
     json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing; exit code only (with --calibrate: no spinner either)."),
 ) -> None:
     """Estimate wall time, GPU-hours and cost of a regeneration, scenarios side by side.
 
@@ -57,7 +59,7 @@ def plan(
 
       dqa plan --samples 913786 --avg-output-tokens 2306 --req-per-s 5.6 --gpus 7 --fleet-hour-cost 27
 
-      dqa plan --findings dqa-out/train -t 2500 -s pro6000:4:400:1.5 -s b200:7:2300:3.86
+      dqa plan --findings dqa-out/train --avg-output-tokens 2500 --scenario pro6000:4:400:1.5 --scenario b200:7:2300:3.86
 
       dqa plan --calibrate --fleet fleet.json --dataset train.parquet --findings dqa-out/train --sample 64
     """
@@ -70,6 +72,8 @@ def plan(
         raise UsageError("give --samples or --findings, not both")
     if fleet_hour_cost is not None and gpu_hour_cost is not None:
         raise UsageError("give --gpu-hour-cost or --fleet-hour-cost, not both")
+    if gpus is not None and gpus < 1:
+        raise UsageError(f"--gpus {gpus}: a fleet has at least 1 GPU")
     fleet_rec = None
     if fleet is not None:
         from dqa.regen.fleet_file import read_fleet
@@ -79,6 +83,11 @@ def plan(
             gpus = fleet_rec.gpu_count
     if findings is not None:
         samples = planmod.count_findings(findings)
+    # Checked before --calibrate, which spends minutes of real generation.
+    if samples is None:
+        raise UsageError("say how many samples: --samples N or --findings DIR")
+    for text in scenario:
+        planmod.parse_scenario(text, samples, 1.0, None)  # syntax only; the real parse follows
 
     calibration = None
     if calibrate:
@@ -94,7 +103,7 @@ def plan(
             gpus = len(endpoint) if endpoint else 1
         progress = None
         err = console(stderr=True)
-        if stderr_is_tty():
+        if stderr_is_tty() and not quiet:
             progress = err.status(f"calibrating: regenerating {sample} prompts")
             progress.start()
         try:
@@ -114,14 +123,11 @@ def plan(
         req_per_s = calibration.req_per_s
         if avg_output_tokens is None:
             avg_output_tokens = calibration.mean_output_tokens
-        if samples is None:
-            raise UsageError("--calibrate: say how many samples to plan for (--samples or --findings)")
 
-    gpus = gpus or 1
+    if gpus is None:
+        gpus = 1
     if fleet_hour_cost is not None:
         gpu_hour_cost = fleet_hour_cost / gpus
-    if samples is None:
-        raise UsageError("say how many samples: --samples N or --findings DIR")
     if avg_output_tokens is None:
         raise UsageError("say the mean output tokens per sample: --avg-output-tokens (or --calibrate)")
 
@@ -142,7 +148,15 @@ def plan(
                 gpu_hour_cost=gpu_hour_cost,
             )
         )
-    scenarios += [planmod.parse_scenario(s, samples, avg_output_tokens, gpu_hour_cost) for s in scenario]
+    # A scenario without its own price: the per-GPU price, or the fleet price over ITS GPUs.
+    scenarios += [
+        planmod.parse_scenario(
+            s, samples, avg_output_tokens,
+            default_cost=None if fleet_hour_cost is not None else gpu_hour_cost,
+            default_fleet_cost=fleet_hour_cost,
+        )
+        for s in scenario
+    ]
     if not scenarios:
         raise UsageError("say the throughput: --tok-per-s, --tok-per-gpu, --req-per-s, --scenario or --calibrate")
     names = [s.name for s in scenarios]
@@ -158,6 +172,8 @@ def plan(
                 indent=2,
             )
         )
+        return
+    if quiet:
         return
     from rich.table import Table
 
