@@ -144,10 +144,12 @@ def spec_from_tokenizer(folder: Path) -> TemplateSpec:
     think_open = _single_id(tok, "<think>", folder, required=False)
     think_close = _single_id(tok, "</think>", folder, required=False)
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
-    # Whitespace-only tokens ("\n", "\n\n", spaces): one decode per vocabulary entry, once per scan.
+    # Whitespace-only tokens ("\n", "\n\n", spaces): the vocabulary decoded in one batch, once per scan.
     vocab = tok.get_vocab(with_added_tokens=True)
     vocab_size = max(vocab_size, max(vocab.values()) + 1)
-    whitespace = [i for s, i in vocab.items() if len(s) <= 16 and tok.decode([i]).strip() == "" and tok.decode([i]) != ""]
+    short = [i for s, i in vocab.items() if len(s) <= 16]
+    texts = tok.decode_batch([[i] for i in short], skip_special_tokens=False)
+    whitespace = [i for i, text in zip(short, texts) if text and not text.strip()]
     specials = {eot, think_open, think_close}
     for s in ("<|endoftext|>", "<|eot_id|>", "</s>"):
         tid = tok.token_to_id(s)

@@ -336,3 +336,12 @@ def test_malformed_dataset_dict_is_an_input_error(cli, tmp_path):
     (tmp_path / "dd").mkdir()
     (tmp_path / "dd" / "dataset_dict.json").write_text("{not json")
     _bad(cli, tmp_path, tmp_path / "dd", "dataset_dict.json")
+
+
+def test_a_tokenizer_folder_gives_the_same_findings_as_the_preset(cli, rows, tmp_path):
+    from dqa.tokenizer_files import qwen3_tokenizer_dir
+
+    pq.write_table(table_of(rows), tmp_path / "d.parquet")
+    by_folder = expect_findings(cli, tmp_path / "d.parquet", tmp_path, "--tokenizer", str(qwen3_tokenizer_dir()))
+    assert by_folder["template"] == "tokenizer_files"
+    assert by_folder["degenerate_templates"][0]["text"] == "<think>\n\n</think>\n\nOK.<|im_end|>"
