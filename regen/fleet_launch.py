@@ -15,6 +15,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -29,9 +30,8 @@ from typing import Callable, Sequence
 
 from dqa.errors import InputError, RuntimeFailure, UsageError
 
-from .fleet_file import Endpoint, redact
-
-ENGINES = ("sglang", "transformers")
+from .fleet_file import ENGINES, Endpoint, redact
+from .http_probe import answers_ok
 HEALTH_PATH = {"sglang": "/health_generate", "transformers": "/health"}
 PROTOCOL = {"sglang": "sglang", "transformers": "openai"}
 STAGE_MARKER = ".dqa-stage.json"
@@ -44,6 +44,8 @@ MTP_FLAGS = [
 ]  # fmt: skip
 MAMBA_EXTRA_BUFFER_FLAGS = ["--mamba-scheduler-strategy", "extra_buffer"]
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+# A POSIX shell variable name: anything else in `KEY=value` would be run by the dry-run script.
+ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass
@@ -86,6 +88,29 @@ class ServerCommand:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
         cmd = shlex.join(self.argv)
         return f"{env} {cmd} > {shlex.quote(str(self.log))} 2>&1 &".lstrip()
+
+
+def check_env_key(key: str, given: str | None = None) -> None:
+    """Raise ``UsageError`` unless ``key`` is a shell variable name (``[A-Za-z_][A-Za-z0-9_]*``);
+    ``given`` is the option text to quote in the message."""
+    if not ENV_KEY.fullmatch(key):
+        shown = given if given is not None else f"{key}=..."
+        raise UsageError(f"--env {shown!r}: {key!r} is not a variable name (letters, digits and _, not starting with a digit)")
+
+
+def parse_env(items: Sequence[str]) -> dict[str, str]:
+    """``["OMP_NUM_THREADS=1", "A=x=y"]`` -> ``{"OMP_NUM_THREADS": "1", "A": "x=y"}``.
+
+    Raises ``UsageError`` for an item without ``=`` or whose key is not a variable name.
+    """
+    out: dict[str, str] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise UsageError(f"--env {item!r}: expected KEY=VALUE")
+        check_env_key(key, item)
+        out[key] = value
+    return out
 
 
 def parse_gpus(text: str) -> list[str]:
@@ -198,8 +223,11 @@ def server_argv(spec: LaunchSpec, port: int) -> list[str]:
 def build_commands(spec: LaunchSpec) -> list[ServerCommand]:
     """One command per GPU: GPU ``gpus[k]`` gets port ``port_base + k`` and log ``gpu<id>.log``.
 
-    Raises ``UsageError`` for an unknown engine, a bad mamba mode or a port past 65535.
+    Raises ``UsageError`` for an unknown engine, a bad mamba mode, a port past 65535 or an
+    environment key that is not a variable name.
     """
+    for key in spec.env:
+        check_env_key(key)
     if spec.mamba_extra_buffer not in ("auto", "on", "off"):
         raise UsageError(f"--mamba-extra-buffer {spec.mamba_extra_buffer!r}: expected auto, on or off")
     if spec.port_base < 1 or spec.port_base + len(spec.gpus) - 1 > 65535:
@@ -234,7 +262,8 @@ def dry_run_script(cmds: Sequence[ServerCommand], engine: str, stage: tuple[Path
     lines.append("mkdir -p " + " ".join(shlex.quote(d) for d in log_dirs))
     lines.extend(c.shell_line() for c in cmds)
     health = HEALTH_PATH[engine]
-    lines.append(f"# ready when each answers 200: curl -sf {cmds[0].url}{health}" + (" (and the others)" if len(cmds) > 1 else ""))
+    probe = shlex.quote(cmds[0].url + health)
+    lines.append(f"# ready when each answers 200: curl -sf {probe}" + (" (and the others)" if len(cmds) > 1 else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -256,14 +285,16 @@ def _manifest(src: Path) -> dict[str, list[int]]:
     return files
 
 
-def staged_copy_is_current(src: Path, dest: Path) -> bool:
-    """True when ``dest`` is a complete dqa copy of ``src`` as it is now (same files, sizes, mtimes)."""
+def staged_copy_is_current(src: Path, dest: Path, manifest: dict[str, list[int]] | None = None) -> bool:
+    """True when ``dest`` is a complete dqa copy of ``src`` as it is now (same files, sizes,
+    mtimes). ``manifest`` is ``_manifest(src)`` when the caller already has it."""
     marker = dest / STAGE_MARKER
     try:
         recorded = json.loads(marker.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    manifest = _manifest(src)
+    if manifest is None:
+        manifest = _manifest(src)
     if recorded.get("files") != manifest:
         return False
     return all((dest / rel).is_file() and (dest / rel).stat().st_size == size for rel, (size, _) in manifest.items())
@@ -289,11 +320,11 @@ def stage_model(
     if dest == src:
         return dest, False
     stage_dir.mkdir(parents=True, exist_ok=True)
-    if staged_copy_is_current(src, dest):
+    manifest = _manifest(src)  # walked once: a model folder can hold thousands of files
+    if staged_copy_is_current(src, dest, manifest):
         return dest, False
     if dest.exists() and not (dest / STAGE_MARKER).is_file():
         raise InputError(f"--stage {stage_dir}: {dest} exists and is not a dqa copy of {src}; remove it or pick another --stage folder")
-    manifest = _manifest(src)
     total = sum(size for size, _ in manifest.values())
     free = shutil.disk_usage(stage_dir).free
     if free < total + (64 << 20):
@@ -413,10 +444,11 @@ def start_servers(cmds: Sequence[ServerCommand]) -> list[StartedServer]:
     return started
 
 
-def log_tail(path: Path | None, lines: int = 20, max_bytes: int = 64 << 10) -> list[str]:
-    """The last ``lines`` lines of a (possibly huge) log file; [] when it cannot be read."""
+def read_tail(path: Path | None, max_bytes: int) -> str | None:
+    """The last ``max_bytes`` of a (possibly huge) log file as text, carriage returns (progress
+    bars) turned into newlines; ``None`` when it cannot be read."""
     if path is None:
-        return []
+        return None
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
@@ -424,20 +456,21 @@ def log_tail(path: Path | None, lines: int = 20, max_bytes: int = 64 << 10) -> l
             fh.seek(max(0, size - max_bytes))
             data = fh.read()
     except OSError:
+        return None
+    return data.decode("utf-8", errors="replace").replace("\r", "\n")
+
+
+def log_tail(path: Path | None, lines: int = 20, max_bytes: int = 64 << 10) -> list[str]:
+    """The last ``lines`` non-blank lines of a (possibly huge) log file; [] when it cannot be read."""
+    text = read_tail(path, max_bytes)
+    if text is None:
         return []
-    text = data.decode("utf-8", errors="replace").replace("\r", "\n")
     return [ln for ln in text.split("\n") if ln.strip()][-lines:]
 
 
 def probe_health(url: str, path: str, timeout: float = 10.0) -> bool:
     """True when ``GET url+path`` answers 200 within ``timeout`` seconds."""
-    import httpx
-
-    try:
-        r = httpx.get(url + path, timeout=timeout)
-    except httpx.HTTPError:
-        return False
-    return r.status_code == 200
+    return answers_ok(url + path, timeout)
 
 
 def wait_healthy(
@@ -487,12 +520,14 @@ def wait_healthy(
                 time.sleep(poll_s)
 
 
-def stop_started(servers: Sequence[StartedServer], grace: float = 20.0) -> None:
-    """Stop servers this process started (after a failed start): SIGTERM, then SIGKILL after ``grace``."""
+def stop_started(servers: Sequence[StartedServer], grace: float = 20.0) -> list[str]:
+    """Stop servers this process started (after a failed start), all at once: SIGTERM, then
+    SIGKILL after ``grace``. Returns each server's outcome (see ``stop_endpoint``)."""
+    outcomes = stop_endpoints([s.endpoint() for s in servers], grace=grace)
     for s in servers:
-        stop_endpoint(s.endpoint(), grace=grace)
         with contextlib.suppress(Exception):
             s.process.wait(timeout=1)
+    return outcomes
 
 
 # ---------------------------------------------------------------- stop
@@ -573,7 +608,8 @@ def verify_process(ep: Endpoint):
 
 def stop_endpoint(ep: Endpoint, grace: float = 20.0) -> str:
     """Stop the process recorded for ``ep`` and its child processes: SIGTERM, then SIGKILL for
-    whatever is left after ``grace`` seconds. Returns ``stopped``, ``killed``, ``not running`` or
+    whatever is left after ``grace`` seconds. Returns ``stopped``, ``killed``, ``not running``,
+    ``not stopped: <which pids>`` (alive 5 s after SIGKILL; a zombie counts as gone) or
     ``skipped: <why>`` (the pid is not verifiably ours, so nothing is signalled)."""
     import psutil
 
@@ -599,7 +635,25 @@ def stop_endpoint(ep: Endpoint, grace: float = 20.0) -> str:
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline and not all(_gone(p) for p in family):
         time.sleep(0.1)
+    survivors = [p.pid for p in family if not _gone(p)]
+    if survivors:  # e.g. stuck in uninterruptible I/O on a hung GPU driver
+        return f"not stopped: pid {', '.join(map(str, survivors))} still running after SIGKILL"
     return "killed"
+
+
+def stop_endpoints(endpoints: Sequence[Endpoint], grace: float = 20.0) -> list[str]:
+    """``stop_endpoint`` for every endpoint at the same time (so the grace periods overlap);
+    outcomes in the same order."""
+    if not endpoints:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(endpoints)))) as pool:
+        return list(pool.map(lambda e: stop_endpoint(e, grace=grace), endpoints))
+
+
+def stopped(outcome: str) -> bool:
+    """True when a ``stop_endpoint`` outcome means the server no longer runs: stopped, killed,
+    not running, or its pid now belongs to another process (ours exited)."""
+    return outcome in ("stopped", "killed", "not running") or "another process" in outcome
 
 
 def endpoint_alive(ep: Endpoint) -> bool:

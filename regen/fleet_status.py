@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from .fleet_file import Endpoint, Fleet
+from .fleet_launch import is_local_host, read_tail, verify_process
+from .http_probe import http_get
 
 # Metric (name without the "sglang:" prefix) -> (status field, how label sets combine).
 METRICS = {
@@ -129,17 +131,10 @@ def parse_decode_line(line: str) -> dict[str, float]:
 def last_decode_stats(log: Path | None, max_bytes: int = 1 << 20) -> tuple[dict[str, float], str | None] | None:
     """The figures and timestamp of the latest ``Decode batch`` line in the last ``max_bytes``
     of ``log``; ``None`` when there is no such line or the log cannot be read."""
-    if log is None:
+    data = read_tail(log, max_bytes)
+    if data is None:
         return None
-    try:
-        with open(log, "rb") as fh:
-            fh.seek(0, 2)
-            size = fh.tell()
-            fh.seek(max(0, size - max_bytes))
-            data = fh.read().decode("utf-8", errors="replace")
-    except OSError:
-        return None
-    for line in reversed(data.replace("\r", "\n").split("\n")):
+    for line in reversed(data.split("\n")):
         if DECODE_LINE.search(line):
             stats = parse_decode_line(line)
             if stats:
@@ -148,30 +143,19 @@ def last_decode_stats(log: Path | None, max_bytes: int = 1 << 20) -> tuple[dict[
     return None
 
 
-def _get(url: str, timeout: float):
-    import httpx
-
-    try:
-        return httpx.get(url, timeout=timeout)
-    except httpx.HTTPError:
-        return None
-
-
 def endpoint_status(fleet: Fleet, ep: Endpoint, timeout: float = 3.0) -> EndpointStatus:
     """Probe one endpoint: ``/health``, then ``/metrics`` (SGLang), else its decode log."""
-    from .fleet_launch import is_local_host, verify_process
-
     process = None
     if ep.pid is not None and is_local_host(ep.host):
         process = "running" if verify_process(ep)[0] is not None else "not running"
-    r = _get(ep.url + "/health", timeout)
+    r = http_get(ep.url + "/health", timeout)
     st = EndpointStatus(url=ep.url, gpu=ep.gpu, up=r is not None and r.status_code == 200, source="none", process=process)
     if fleet.engine == "transformers":
         st.note = "metrics unavailable (transformers serve has no /metrics or decode log)"
         return st
     note = None
     if st.up:
-        m = _get(ep.url + "/metrics", timeout)
+        m = http_get(ep.url + "/metrics", timeout)
         if m is not None and m.status_code == 200:
             try:
                 figures = parse_metrics(m.text)
