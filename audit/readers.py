@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -165,6 +165,39 @@ class Dataset:
             for piece in _token_slices(rb, self.columns.ids, max_tokens):
                 yield _to_token_batch(piece, self.columns, f, start)
                 start += piece.num_rows
+
+    def batches_with_rows(self, rows: Iterable[int], batch_rows: int = 4096) -> Iterator[TokenBatch]:
+        """Yield token batches that together hold every dataset row in ``rows`` (and maybe others).
+
+        Parquet reads only the row groups holding those rows (located from the file footers);
+        other formats stream from the start and stop after the last wanted row.
+        """
+        want = np.unique(np.fromiter(rows, dtype=np.int64))
+        if want.size == 0:
+            return
+        if self.format != "parquet":
+            for batch in self.batches(batch_rows):
+                yield batch
+                if batch.start_row + batch.num_rows > want[-1]:
+                    return
+            return
+        import pyarrow.parquet as pq
+
+        start = 0
+        for f in self.files:
+            pf = pq.ParquetFile(f)
+            for g in range(pf.metadata.num_row_groups):
+                n = pf.metadata.row_group(g).num_rows
+                if np.any((want >= start) & (want < start + n)):
+                    try:
+                        rb = pf.read_row_group(g, columns=self._needed())
+                    except (pa.ArrowException, OSError) as exc:
+                        raise InputError(f"{f}: unreadable parquet file ({_short(exc)})") from None
+                    for piece in rb.to_batches():
+                        yield _to_token_batch(piece, self.columns, f, start)
+                        start += piece.num_rows
+                else:
+                    start += n
 
 
 def dataset_name(path: str | Path) -> str:

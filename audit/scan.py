@@ -184,19 +184,15 @@ def _stream_metrics(ds: Dataset, tables: KernelTables, part: Path, batch_rows: i
 
 
 def _supervised_tokens_of(ds: Dataset, wanted: list[int], batch_rows: int) -> dict[int, np.ndarray]:
-    """Supervised token ids of a few rows, read by streaming until the last wanted row is passed."""
+    """Supervised token ids of a few rows (reading only the parts of the dataset that hold them)."""
     found: dict[int, np.ndarray] = {}
-    if not wanted:
-        return found
     want = np.array(sorted(set(wanted)), dtype=np.int64)
-    for batch in ds.batches(batch_rows):
+    for batch in ds.batches_with_rows(want, batch_rows):
         lo, hi = batch.start_row, batch.start_row + batch.num_rows
         for row in want[(want >= lo) & (want < hi)]:  # at most TOP_TEMPLATES rows
             r = int(row) - lo
             a, b = batch.offsets[r], batch.offsets[r + 1]
             found[int(row)] = batch.ids[a:b][batch.mask[a:b].view(bool)]
-        if hi > want[-1]:
-            break
     return found
 
 

@@ -345,3 +345,17 @@ def test_a_tokenizer_folder_gives_the_same_findings_as_the_preset(cli, rows, tmp
     by_folder = expect_findings(cli, tmp_path / "d.parquet", tmp_path, "--tokenizer", str(qwen3_tokenizer_dir()))
     assert by_folder["template"] == "tokenizer_files"
     assert by_folder["degenerate_templates"][0]["text"] == "<think>\n\n</think>\n\nOK.<|im_end|>"
+
+
+def test_templates_are_decoded_from_the_row_groups_that_hold_them(rows, tmp_path):
+    """The 'OK.' rows sit in the last row groups: only those are read back to decode them."""
+    from dqa.audit.readers import open_dataset
+    from dqa.audit.scan import run_scan
+
+    pq.write_table(table_of(rows), tmp_path / "d.parquet", row_group_size=8)
+    ds = open_dataset(tmp_path / "d.parquet")
+    read = [b.start_row for b in ds.batches_with_rows([33, 35])]
+    assert read == [32]  # one 8-row group
+    summary = run_scan(tmp_path / "d.parquet", tmp_path / "o").summary
+    assert summary["degenerate_templates"][0]["text"] == "<think>\n\n</think>\n\nOK.<|im_end|>"
+    assert summary["degenerate_templates"][0]["example_row"] == 30
