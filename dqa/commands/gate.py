@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from dqa.commands.common import console, handles_errors
+from dqa.commands.common import console, handles_errors, help_text
 from dqa.errors import EXIT_OK, EXIT_QUALITY
 
 
@@ -102,4 +102,4 @@ def _print(result: dict, out_dir: str) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add ``gate`` to the CLI."""
-    app.command("gate")(gate)
+    app.command("gate", help=help_text(gate.__doc__))(gate)

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from dqa.commands.common import console, handles_errors, stderr_is_tty
+from dqa.commands.common import console, handles_errors, help_text, stderr_is_tty
 from dqa.errors import EXIT_OK, EXIT_QUALITY
 
 
@@ -138,4 +138,4 @@ def _scan_with_progress(dataset, out_dir, options):
 
 def register(app: typer.Typer) -> None:
     """Add ``scan`` to the CLI."""
-    app.command("scan")(scan)
+    app.command("scan", help=help_text(scan.__doc__))(scan)

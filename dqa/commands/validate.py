@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from dqa.commands.common import console, handles_errors, stderr_is_tty
+from dqa.commands.common import console, handles_errors, help_text, stderr_is_tty
 from dqa.errors import EXIT_OK, EXIT_QUALITY
 
 
@@ -126,4 +126,4 @@ def short_title(e: dict) -> str:
 
 def register(app: typer.Typer) -> None:
     """Add ``validate`` to the CLI."""
-    app.command("validate")(validate)
+    app.command("validate", help=help_text(validate.__doc__))(validate)
