@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ from dqa.atomic import write_json
 from dqa.errors import InputError
 
 FLEET_VERSION = 1
-DEFAULT_FLEET_FILE = "fleet.json"
+# The --fleet default of every fleet command: ./fleet.json, or $DQA_FLEET.
+DEFAULT_FLEET_FILE = os.environ.get("DQA_FLEET", "fleet.json")
 ENGINES = ("sglang", "transformers")
 PROTOCOLS = ("sglang", "openai")
 # Flags whose value is a credential; their values never reach the fleet file.

@@ -35,6 +35,7 @@ from .http_probe import answers_ok
 HEALTH_PATH = {"sglang": "/health_generate", "transformers": "/health"}
 PROTOCOL = {"sglang": "sglang", "transformers": "openai"}
 STAGE_MARKER = ".dqa-stage.json"
+KILL_WAIT_S = 5.0  # how long a SIGKILLed process may take to disappear before it counts as "not stopped"
 # SGLang MTP: NEXTN (rewritten to EAGLE by SGLang), 3 steps, top-k 1, 4 draft tokens (SGLANG.md).
 MTP_FLAGS = [
     "--speculative-algorithm", "NEXTN",
@@ -609,7 +610,7 @@ def verify_process(ep: Endpoint):
 def stop_endpoint(ep: Endpoint, grace: float = 20.0) -> str:
     """Stop the process recorded for ``ep`` and its child processes: SIGTERM, then SIGKILL for
     whatever is left after ``grace`` seconds. Returns ``stopped``, ``killed``, ``not running``,
-    ``not stopped: <which pids>`` (alive 5 s after SIGKILL; a zombie counts as gone) or
+    ``not stopped: <which pids>`` (alive ``KILL_WAIT_S`` after SIGKILL; a zombie counts as gone) or
     ``skipped: <why>`` (the pid is not verifiably ours, so nothing is signalled)."""
     import psutil
 
@@ -632,7 +633,7 @@ def stop_endpoint(ep: Endpoint, grace: float = 20.0) -> str:
         if not _gone(p):
             with contextlib.suppress(psutil.Error):
                 p.kill()
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + KILL_WAIT_S
     while time.monotonic() < deadline and not all(_gone(p) for p in family):
         time.sleep(0.1)
     survivors = [p.pid for p in family if not _gone(p)]

@@ -304,3 +304,103 @@ def test_a_pid_recorded_for_another_machine_is_never_signalled_here():
     finally:
         proc.kill()
         proc.wait()
+
+
+def _stubborn():
+    """A process that ignores SIGTERM, and its Endpoint record."""
+    import psutil
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    proc.stdout.readline()
+    return proc, ff.Endpoint(url="http://127.0.0.1:1", gpu="0", pid=proc.pid, started=psutil.Process(proc.pid).create_time())
+
+
+def test_a_server_that_survives_sigkill_is_reported_not_stopped_and_down_exits_3(cli, tmp_path, monkeypatch):
+    """A process stuck in the kernel (a hung GPU driver) outlives SIGKILL; here the kill is
+    swallowed so the process really stays alive. `fleet down` must not claim it was killed."""
+    import psutil
+
+    monkeypatch.setattr(psutil.Process, "kill", lambda self: None)
+    monkeypatch.setattr(fl, "KILL_WAIT_S", 0.3)
+    proc, ep = _stubborn()
+    try:
+        outcome = fl.stop_endpoint(ep, grace=0.3)
+        assert outcome == f"not stopped: pid {proc.pid} still running after SIGKILL"
+        assert proc.poll() is None and not fl.stopped(outcome)
+        ff.write_fleet(tmp_path / "fleet.json", ff.Fleet(engine="sglang", protocol="sglang", model="/m", endpoints=[ep]))
+        r = cli("fleet", "down", "--fleet", tmp_path / "fleet.json", "--grace", "0.3")
+        assert r.exit_code == 3
+        assert "not stopped" in r.stdout and "1 server(s) not stopped" in r.stderr
+    finally:
+        proc.send_signal(9)
+        proc.wait()
+
+
+def test_servers_of_a_failed_start_are_stopped_in_parallel():
+    """Two servers that ignore SIGTERM, 1 s grace each: stopped together in ~1 s, not ~2 s."""
+    procs = [_stubborn() for _ in range(2)]
+    try:
+        servers = [
+            fl.StartedServer(
+                command=fl.ServerCommand(gpu=str(i), port=1, url=ep.url, host="127.0.0.1", argv=["python"], env={}, log=Path("x.log")),
+                process=proc, started=ep.started,
+            )  # fmt: skip
+            for i, (proc, ep) in enumerate(procs)
+        ]
+        t0 = time.monotonic()
+        assert fl.stop_started(servers, grace=1.0) == ["killed", "killed"]
+        assert time.monotonic() - t0 < 1.9
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+# ------------------------------------------------------------------------------ CLI input
+
+
+@pytest.mark.parametrize("item", ["$(touch p)X=1", "A B=1", "1X=1", "X-Y=1", "=1", "NOEQUALS"])
+def test_env_keys_that_are_not_variable_names_are_usage_errors(cli, tmp_path, item):
+    r = cli("fleet", "up", "--model", MODEL, "--python", "python3", "--fleet", tmp_path / "fleet.json", "--env", item, "--dry-run")
+    assert r.exit_code == 2, r.output
+    assert r.stdout == "" and "--env" in r.stderr
+    key, eq, _ = item.partition("=")
+    if eq:  # the library refuses such a key too, whoever builds the spec
+        with pytest.raises(UsageError):
+            fl.build_commands(fl.LaunchSpec(model=MODEL, gpus=["0"], env={key: "1"}))
+
+
+def test_dry_run_quotes_env_values_and_the_health_url(cli, tmp_path):
+    r = cli(
+        "fleet", "up", "--model", MODEL, "--python", "python3", "--fleet", tmp_path / "fleet.json", "--dry-run",
+        "--env", "NCCL_DEBUG=$(touch x)", "--env", "_A1=a=b", "--advertise-host", "h;touch y",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    server = next(ln for ln in r.stdout.splitlines() if "sglang.launch_server" in ln)
+    assert shlex.split(server)[:3] == ["CUDA_VISIBLE_DEVICES=0", "NCCL_DEBUG=$(touch x)", "_A1=a=b"]
+    assert "NCCL_DEBUG='$(touch x)'" in server
+    curl = next(ln for ln in r.stdout.splitlines() if "curl" in ln)
+    assert curl.endswith("curl -sf 'http://h;touch y:30000/health_generate'")
+
+
+def test_up_refuses_to_overwrite_an_unreadable_fleet_file_unless_forced(cli, tmp_path):
+    import socket
+
+    fleet = tmp_path / "fleet.json"
+    fleet.write_text('{"endpoints": [{"url": "http://10.0.0.5:30000", "pid": 4242')  # cut short
+    before = fleet.read_text()
+    with socket.socket() as busy:  # so the forced run stops at the port check, before starting anything
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        args = ("fleet", "up", "--model", MODEL, "--python", "python3", "--fleet", fleet, "--port-base", port)
+        r = cli(*args)
+        assert r.exit_code == 2
+        assert "invalid JSON" in r.stderr and "--force" in r.stderr
+        assert fleet.read_text() == before
+        r = cli(*args, "--force")
+        assert r.exit_code == 2 and f"port {port}" in r.stderr  # got past the fleet-file check

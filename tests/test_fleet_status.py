@@ -154,3 +154,52 @@ def test_seed_per_gpu_log_rates_sum_to_about_15_900_tok_s():
     ]  # fmt: skip
     assert fs.totals(statuses)["gen_tok_per_s"] == pytest.approx(15_974.57)
     assert fs.totals(statuses)["gen_tok_per_s"] == pytest.approx(15_900, rel=0.01)  # the seed's "~15,900"
+
+
+# ------------------------------------------------------------------------------ exit codes
+
+
+def _dead_fleet(tmp_path):
+    import json
+
+    from fleet_helpers import free_port_base
+
+    path = tmp_path / "fleet.json"
+    url = f"http://127.0.0.1:{free_port_base(1)}"
+    path.write_text(json.dumps({"version": 1, "engine": "sglang", "model": "m", "endpoints": [{"url": url, "gpu": "0"}]}))
+    return path
+
+
+def test_watch_stopped_with_ctrl_c_exits_3_while_an_endpoint_is_down(tmp_path):
+    """The exit code of --watch is the state of the last refresh, as without --watch."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    from fleet_helpers import REPO
+
+    fleet = _dead_fleet(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dqa.cli", "fleet", "status", "--fleet", str(fleet), "--watch", "--json", "--interval", "0.2", "--timeout", "0.5"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        first = json.loads(proc.stdout.readline())
+        assert first["total"]["up"] == 0
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 3
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_quiet_status_prints_nothing_and_exits_3_for_a_down_endpoint(cli, tmp_path):
+    fleet = _dead_fleet(tmp_path)
+    r = cli("fleet", "status", "--fleet", fleet, "--timeout", "0.5", "--quiet")
+    assert r.exit_code == 3 and r.stdout == ""
+    r = cli("fleet", "status", "--fleet", fleet, "--quiet", "--watch")
+    assert r.exit_code == 2
+    r = cli("fleet", "down", "--fleet", fleet, "--quiet")  # no pid recorded: nothing verifiably ours to stop
+    assert r.exit_code == 3 and r.stdout == "" and "not stopped" in r.stderr

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
 from dqa.commands.common import console, handles_errors, help_text, stderr_is_tty
-
-DEFAULT_FLEET = os.environ.get("DQA_FLEET", "fleet.json")
+from dqa.regen.fleet_file import DEFAULT_FLEET_FILE as DEFAULT_FLEET
 
 fleet_app = typer.Typer(
     name="fleet",
@@ -67,7 +65,9 @@ def up(
     timeout: float = typer.Option(900.0, "--timeout", help="Seconds to wait for every server to become healthy."),
     keep_on_failure: bool = typer.Option(False, "--keep-on-failure", help="Leave the other servers running when one fails to start."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the exact commands (a bash script) and start nothing."),
+    force: bool = typer.Option(False, "--force", help="Overwrite a --fleet file that cannot be read as a fleet file (by default dqa refuses)."),
     json_out: bool = typer.Option(False, "--json", help="Print the fleet file on stdout."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success (errors still go to stderr)."),
     extra: Optional[List[str]] = typer.Argument(
         None, metavar="[-- SERVER FLAGS...]", help="Flags passed to every server unchanged, after --, e.g. -- --kv-cache-dtype fp8_e4m3."
     ),
@@ -86,23 +86,19 @@ def up(
       dqa fleet up --model ./tiny --gpus 0-1 --engine transformers --port-base 18000 --env OMP_NUM_THREADS=1
     """
     import json
+    import os
     import signal
     import sys
     import time
 
-    from dqa.errors import RuntimeFailure, UsageError
+    from dqa.errors import InputError, RuntimeFailure, UsageError
     from dqa.regen import fleet_file as ff
     from dqa.regen import fleet_launch as fl
 
-    if engine not in fl.ENGINES:
-        raise UsageError(f"--engine {engine!r}: expected one of {', '.join(fl.ENGINES)}")
+    if engine not in ff.ENGINES:
+        raise UsageError(f"--engine {engine!r}: expected one of {', '.join(ff.ENGINES)}")
     gpu_list = fl.parse_gpus(gpus)
-    env_map: dict[str, str] = {}
-    for item in env:
-        k, eq, v = item.partition("=")
-        if not eq or not k:
-            raise UsageError(f"--env {item!r}: expected KEY=VALUE")
-        env_map[k] = v
+    env_map = fl.parse_env(env)
     if log_dir is None:
         log_dir = fleet.parent / "fleet-logs"
 
@@ -144,11 +140,14 @@ def up(
         typer.echo(fl.dry_run_script(cmds, engine, stage_pair), nl=False)
         return
 
-    # Refuse to overwrite the record of a fleet that is still running.
+    # Refuse to overwrite the record of a fleet that is still running, or a file we cannot read
+    # (it may be the only record of a running fleet, or not a fleet file at all).
     if fleet.is_file():
         try:
             old = ff.read_fleet(fleet)
-        except Exception:
+        except InputError as exc:
+            if not force:
+                raise InputError(f"{exc}; refusing to overwrite it (pass --force, or another --fleet)") from None
             old = None
         if old is not None and any(fl.endpoint_alive(e) for e in old.endpoints):
             raise UsageError(f"{fleet} records a fleet that is still running; `dqa fleet down --fleet {fleet}` first or pass another --fleet")
@@ -196,17 +195,28 @@ def up(
             print(f"--- last lines of {exc.log} (GPU {exc.gpu}) ---", file=sys.stderr)
             for line in fl.log_tail(exc.log):
                 print(f"  gpu{exc.gpu}| {line}", file=sys.stderr)
+        left = []
         if not keep_on_failure:
-            fl.stop_started(servers, grace=10.0)
-            fleet.unlink(missing_ok=True)
+            outcomes = fl.stop_started(servers, grace=10.0)
+            left = [(s, o) for s, o in zip(servers, outcomes) if not fl.stopped(o)]
+            if left:  # keep the record so `fleet down` can retry them
+                for s, o in left:
+                    print(f"GPU {s.command.gpu}: pid {s.process.pid}: {o}", file=sys.stderr)
+            else:
+                fleet.unlink(missing_ok=True)
         if isinstance(exc, KeyboardInterrupt):
-            raise RuntimeFailure("interrupted while waiting for the fleet; servers stopped" if not keep_on_failure else "interrupted") from None
+            what = "interrupted" if keep_on_failure else "interrupted while waiting for the fleet; servers stopped"
+            if left:
+                what = f"interrupted; {len(left)} server(s) could not be stopped, see {fleet}"
+            raise RuntimeFailure(what) from None
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
     elapsed = time.monotonic() - t0
     if json_out:
         typer.echo(json.dumps(ff.to_dict(record), indent=2))
+        return
+    if quiet:
         return
     typer.echo(f"fleet up: {len(servers)} {engine} server(s) healthy in {elapsed:.1f} s; fleet file {fleet}")
     for e in record.endpoints:
@@ -268,23 +278,27 @@ def status(
     interval: float = typer.Option(5.0, "--interval", help="Seconds between refreshes with --watch."),
     timeout: float = typer.Option(3.0, "--timeout", help="Per-request timeout in seconds."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON on stdout (one object per refresh with --watch)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing; exit code only (0 all up, 3 any down). Not with --watch."),
 ) -> None:
     """Show each endpoint: up/down, gen tok/s, running and queued requests, KV use, speculative
     accept length, request and token totals, and the sums over the fleet.
 
     Figures come from SGLang's /metrics (--enable-metrics), else the latest "Decode batch" line
     of the server's log; transformers serve has neither (up/down only).
-    Exit code: 0 when every endpoint is up, 3 when any is down.
+    Exit code: 0 when every endpoint is up, 3 when any is down; with --watch, as of the last
+    refresh before Ctrl-C.
 
     Example: dqa fleet status --fleet fleet.json --watch
     """
     import json
     import time
 
-    from dqa.errors import EXIT_RUNTIME
+    from dqa.errors import EXIT_RUNTIME, UsageError
     from dqa.regen import fleet_file as ff
     from dqa.regen import fleet_status as fs
 
+    if quiet and watch:
+        raise UsageError("--quiet prints nothing, so --watch would show nothing; drop one")
     rec = ff.read_fleet(fleet)
 
     def snapshot():
@@ -323,10 +337,10 @@ def status(
                         statuses, totals = snapshot()
                         live.update(render(statuses, totals), refresh=True)
         except KeyboardInterrupt:
-            return
-    if json_out:
+            pass  # the exit code below reflects the last refresh
+    elif json_out:
         typer.echo(as_json(statuses, totals))
-    else:
+    elif not quiet:
         table, notes = _status_table(rec, statuses, totals)
         out.print(table)
         for n in notes:
@@ -343,32 +357,32 @@ def down(
     fleet: Path = typer.Option(Path(DEFAULT_FLEET), "--fleet", "-f", help="Fleet file written by `dqa fleet up`."),
     grace: float = typer.Option(30.0, "--grace", help="Seconds between SIGTERM and SIGKILL."),
     json_out: bool = typer.Option(False, "--json", help="Print the outcome per endpoint as JSON."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing; exit code only (0 all stopped, 3 one could not be)."),
 ) -> None:
     """Stop exactly the servers `dqa fleet up` started: SIGTERM, then SIGKILL after --grace.
 
     A recorded pid is signalled only while it still is the process dqa started (same start
     time), so a reused pid is never touched. Nothing is deleted: logs and the fleet file stay.
-    Exit code: 0 when every server is stopped, 3 when one could not be.
+    Exit code: 0 when every server is stopped (or was not running), 3 when one could not be:
+    still alive after SIGKILL, or not verifiably ours (another machine's, no pid recorded).
 
     Example: dqa fleet down --fleet fleet.json
     """
     import json
-    from concurrent.futures import ThreadPoolExecutor
 
     from dqa.errors import RuntimeFailure
     from dqa.regen import fleet_file as ff
     from dqa.regen import fleet_launch as fl
 
     rec = ff.read_fleet(fleet)
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(rec.endpoints)))) as pool:
-        outcomes = list(pool.map(lambda e: fl.stop_endpoint(e, grace=grace), rec.endpoints))
+    outcomes = fl.stop_endpoints(rec.endpoints, grace=grace)
     rows = [{"gpu": e.gpu, "url": e.url, "pid": e.pid, "outcome": o} for e, o in zip(rec.endpoints, outcomes)]
     if json_out:
         typer.echo(json.dumps({"fleet": str(fleet), "endpoints": rows}))
-    else:
+    elif not quiet:
         for r in rows:
             typer.echo(f"GPU {r['gpu']}: {r['url']} pid {r['pid']}: {r['outcome']}")
-    left = [r for r in rows if r["outcome"] not in ("stopped", "killed", "not running") and "another process" not in r["outcome"]]
+    left = [r for r in rows if not fl.stopped(r["outcome"])]
     if left:
         raise RuntimeFailure(f"{len(left)} server(s) not stopped: GPU {left[0]['gpu']} pid {left[0]['pid']}: {left[0]['outcome']}")
 
