@@ -65,4 +65,6 @@ def human_duration(seconds: float | None) -> str:
         return f"{s / SECONDS_PER_MINUTE:.1f} min"
     if s >= 10:
         return f"{s:.0f} s"
+    if abs(s) < 0.001:  # not "6.2e-05 s"
+        return "0 s"
     return f"{s:.2g} s"

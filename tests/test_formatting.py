@@ -38,6 +38,7 @@ def test_axis_labels_drop_trailing_zeros():
         (150, "2.5 min"),
         (90, "90 s"),
         (0.25, "0.25 s"),
+        (0.00006, "0 s"),
         (None, "?"),
     ],
 )
