@@ -32,6 +32,7 @@ import numpy as np
 from dqa.regen.client import FAIL, LENGTH, OK, RETRY, Job, Outcome, call
 from dqa.regen.journal import Result, encode
 from dqa.regen.progress import EndpointCounts, Progress
+from dqa.regen.urls import strip_userinfo
 
 STATUS = {OK: "ok", LENGTH: "length", FAIL: "failed"}
 
@@ -76,19 +77,6 @@ class Endpoint:
         self.gen_url = self.url  # the generate URL (set by the dispatcher from the protocol)
 
 
-def strip_userinfo(url: str) -> str:
-    """The URL without ``user:password@`` (endpoint names shown and written never carry secrets)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.username or parts.password:
-        host = parts.hostname or ""
-        if parts.port:
-            host += f":{parts.port}"
-        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
-    return url
-
-
 class Dispatcher:
     """Runs the selected jobs through the fleet; ``run()`` returns the final state.
 
@@ -117,7 +105,7 @@ class Dispatcher:
         self.s = settings
         self.headers = {"Content-Type": "application/json", **(headers or {})}
         self.model = model
-        self.log = log
+        self.log = lambda msg: log(strip_userinfo(msg))  # error texts may quote an endpoint URL
         self.check = check
         self.endpoints: list[Endpoint] = []
         path = protocol.path
@@ -135,6 +123,7 @@ class Dispatcher:
         self.stopping = False
         self.cancelling = False
         self.fatal: str | None = None
+        self.fatal_exc: Exception | None = None  # the exception behind ``fatal`` when reading the dataset failed
         self.in_flight = 0
         self.all_down_since: float | None = time.monotonic()
         self._sampling_json: dict[tuple[frozenset[str], int], str] = {}
@@ -385,7 +374,7 @@ class Dispatcher:
 
     def _record_failure(self, job: Job, ep: Endpoint | None, error: str, latency: float, finish: str = "") -> None:
         r = Result(
-            job.row, job.sample_id, job.prompt, np.zeros(0, np.int32), "failed", finish or "", error,
+            job.row, job.sample_id, job.prompt, np.zeros(0, np.int32), "failed", finish or "", strip_userinfo(error),
             ep.name if ep is not None else "", job.attempts, latency, self.protocol.model or self.model, self._sampling_for(ep, job), job.seed, time.time(),
         )
         self.sink(encode(r))
@@ -433,7 +422,7 @@ class Dispatcher:
                     self.log(f"no healthy endpoint{f' ({why})' if why else ''}; waiting up to {self.s.down_deadline:g} s")
                 if now - self.all_down_since > self.s.down_deadline:
                     errs = "; ".join(f"{e.name}: {e.last_error}" for e in self.endpoints if e.last_error)
-                    self.fatal = (
+                    self.fatal = strip_userinfo(
                         f"all {len(self.endpoints)} endpoints down for more than {self.s.down_deadline:g} s"
                         f"{f' ({errs[:300]})' if errs else ''}; rerun the same command to resume"
                     )

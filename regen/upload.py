@@ -10,12 +10,15 @@ copied.
 from __future__ import annotations
 
 import hashlib
+import os
 import queue
+import stat
 import tempfile
 import threading
 from pathlib import Path
 
 from dqa.errors import InputError, RuntimeFailure
+from dqa.regen.urls import strip_userinfo
 
 
 def is_url(s: str) -> bool:
@@ -29,9 +32,32 @@ def local_path(s: str) -> Path:
 
 
 def stage_dir(url: str) -> Path:
-    """Where a run with an object-store ``--out`` keeps its journal and shards before upload."""
-    h = hashlib.sha1(url.encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / "dqa-regen-stage" / h
+    """Where a run with an object-store ``--out`` keeps its journal and shards before upload.
+
+    A folder per URL (credentials left out of the name) under a per-user root made ``0700``:
+    ``$XDG_CACHE_HOME/dqa/regen-stage`` when that variable is set, else
+    ``<tempdir>/dqa-<uid>/regen-stage``. Raises ``RuntimeFailure`` when the root exists but is
+    a link or belongs to another user (someone could read or plant shards there).
+    """
+    h = hashlib.sha1(strip_userinfo(url).encode()).hexdigest()[:16]
+    cache = os.environ.get("XDG_CACHE_HOME")
+    root = Path(cache) / "dqa" if cache else Path(tempfile.gettempdir()) / f"dqa-{os.getuid()}"
+    _private_dir(root)
+    return root / "regen-stage" / h
+
+
+def _private_dir(d: Path) -> None:
+    """Make ``d`` (mode 0700) or check that the existing one is a real folder of ours, closed to others."""
+    d.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        d.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = d.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise RuntimeFailure(f"{d}: staging folder is not a folder owned by this user; remove it or set XDG_CACHE_HOME")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(d, 0o700)
 
 
 def _fs(url: str):
@@ -40,7 +66,7 @@ def _fs(url: str):
     try:
         return fsspec.core.url_to_fs(url)
     except (ImportError, ValueError) as exc:
-        raise InputError(f"{url}: cannot open this URL ({exc}); install the fsspec backend for it") from None
+        raise InputError(strip_userinfo(f"{url}: cannot open this URL ({exc}); install the fsspec backend for it")) from None
 
 
 class Target:
@@ -48,6 +74,7 @@ class Target:
 
     def __init__(self, url: str):
         self.url = url.rstrip("/")
+        self.name = strip_userinfo(self.url)  # what messages show
         self.fs, self.root = _fs(self.url)
 
     def put(self, local: Path, rel: str) -> None:
@@ -95,7 +122,7 @@ class Uploader:
             try:
                 t.put(local, rel)
             except Exception as exc:  # any backend error: keep the run going
-                self.errors.append(f"{t.url}/{rel}: {exc}")
+                self.errors.append(strip_userinfo(f"{t.name}/{rel}: {exc}"))
 
     def _run(self) -> None:
         while True:
@@ -120,7 +147,7 @@ class Uploader:
                     if p.name not in have:
                         t.put(p, f"shards/{p.name}")
             except Exception as exc:
-                raise RuntimeFailure(f"{t.url}: could not copy shards ({exc}); rerun the same command to retry") from None
+                raise RuntimeFailure(strip_userinfo(f"{t.name}: could not copy shards ({exc}); rerun the same command to retry")) from None
 
 
 def pull_shards(target: Target, local_out: Path) -> int:
