@@ -24,7 +24,7 @@ import struct
 import threading
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -184,51 +184,94 @@ def list_shards(out: Path) -> list[Path]:
     return sorted(p for p in d.glob("part-*.parquet") if SHARD_RE.match(p.name)) if d.is_dir() else []
 
 
+STATUSES = ("ok", "length", "failed")  # Recovery.statuses holds indexes into this tuple
+
+
 @dataclass
 class Recovery:
     """What an output folder already holds."""
 
-    rows: np.ndarray  # sorted rows recorded in shards
-    statuses: np.ndarray  # status per row (aligned with rows)
-    output_tokens: int
+    rows: np.ndarray  # sorted rows recorded in shards (int64)
+    statuses: np.ndarray  # int8 index into STATUSES per row (aligned with rows)
+    tokens: np.ndarray  # output tokens per row (int64, aligned with rows)
     next_seq: int
     recovered_records: int  # journal records compacted on this resume
     torn_bytes: int  # discarded torn tail bytes
     dropped_duplicates: int
+    rewritten: list[Path] = field(default_factory=list)  # shards rewritten without their failed rows (retry_failed)
+
+    @property
+    def output_tokens(self) -> int:
+        return int(self.tokens.sum())
+
+    def tally(self, rows: np.ndarray) -> tuple[int, int, int, int]:
+        """``(ok, failed, length, output tokens)`` over the recorded rows that are in ``rows``."""
+        mask = np.isin(self.rows, rows)
+        counts = np.bincount(self.statuses[mask], minlength=len(STATUSES))
+        return int(counts[0]), int(counts[2]), int(counts[1]), int(self.tokens[mask].sum())
 
 
-def read_done(out: Path) -> tuple[np.ndarray, np.ndarray, int]:
-    """Rows, statuses and total output tokens recorded in the folder's shards (rows sorted)."""
+@dataclass
+class _Done:
+    """The row, status and output_tokens columns of one shard."""
+
+    path: Path
+    rows: np.ndarray
+    statuses: np.ndarray
+    tokens: np.ndarray
+
+
+def _status_codes(col) -> np.ndarray:
+    """int8 indexes into STATUSES of a status column (-1 for anything else)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    idx = pc.index_in(col, value_set=pa.array(STATUSES, pa.string()))
+    return pc.fill_null(idx, -1).to_numpy(zero_copy_only=False).astype(np.int8)
+
+
+def _read_done(path: Path) -> _Done:
     import pyarrow.parquet as pq
 
-    rows, statuses, toks = [], [], 0
-    for p in list_shards(out):
-        t = pq.read_table(p, columns=["row", "status", "output_tokens"])
-        rows.append(t.column("row").to_numpy())
-        statuses.append(np.asarray(t.column("status").to_pylist(), dtype=object))
-        toks += int(np.asarray(t.column("output_tokens").to_numpy(), dtype=np.int64).sum())
-    if not rows:
-        return np.zeros(0, np.int64), np.zeros(0, object), 0
-    r = np.concatenate(rows)
-    s = np.concatenate(statuses)
-    order = np.argsort(r, kind="stable")
-    return r[order], s[order], toks
+    t = pq.read_table(path, columns=["row", "status", "output_tokens"])
+    return _Done(
+        path,
+        t.column("row").to_numpy().astype(np.int64, copy=False),
+        _status_codes(t.column("status")),
+        t.column("output_tokens").to_numpy().astype(np.int64, copy=False),
+    )
 
 
-def recover(out: Path) -> Recovery:
+def _done_of(path: Path, records: list[Result]) -> _Done:
+    """What ``_read_done`` would read back from the shard just written from ``records``."""
+    n = len(records)
+    return _Done(
+        path,
+        np.fromiter((r.row for r in records), dtype=np.int64, count=n),
+        np.fromiter((STATUSES.index(r.status) if r.status in STATUSES else -1 for r in records), dtype=np.int8, count=n),
+        np.fromiter((r.output.size for r in records), dtype=np.int64, count=n),
+    )
+
+
+def recover(out: Path, retry_failed: bool = False) -> Recovery:
     """Make ``out`` consistent after any crash and report what it holds.
 
     Removes stray temp files, deletes segments already compacted, compacts the
     valid records of the others (dropping a torn tail and rows already in a
-    shard). Raises ``OSError`` on I/O failure.
+    shard). With ``retry_failed`` it then rewrites the shards that hold
+    ``failed`` rows without them (``--retry-failed``; listed in ``rewritten``).
+    Each shard's small columns are read once. Raises ``OSError`` on I/O failure.
     """
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
     (out / "shards").mkdir(parents=True, exist_ok=True)
     (out / "journal").mkdir(parents=True, exist_ok=True)
     for d in (out, out / "shards", out / "journal"):
         remove_stale_temps(d)
-    seqs = [int(SHARD_RE.match(p.name)["seq"]) for p in list_shards(out)]
-    done, _, _ = read_done(out)
-    seen = set(done.tolist()) if done.size < 5_000_000 else None
+    done = [_read_done(p) for p in list_shards(out)]
+    seqs = [int(SHARD_RE.match(d.path.name)["seq"]) for d in done]
+    known = np.concatenate([d.rows for d in done]) if done else np.zeros(0, np.int64)
     recovered = torn = dropped = 0
     for seg in sorted((out / "journal").glob("*.log")):
         m = SEGMENT_RE.match(seg.name)
@@ -240,36 +283,38 @@ def recover(out: Path) -> Recovery:
         if not target.exists():
             records, t = decode_segment(seg.read_bytes())
             torn += t
-            keep = []
-            for r in records:
-                if seen is not None and r.row in seen:
-                    dropped += 1
-                    continue
-                if seen is not None:
-                    seen.add(r.row)
-                keep.append(r)
+            rr = np.fromiter((r.row for r in records), dtype=np.int64, count=len(records))
+            first = np.zeros(rr.size, dtype=bool)
+            first[np.unique(rr, return_index=True)[1]] = True
+            keep_mask = first & ~np.isin(rr, known)
+            dropped += int(rr.size - keep_mask.sum())
+            keep = [records[i] for i in np.flatnonzero(keep_mask)]
             if keep:
                 write_table(target, results_table(keep))
+                done.append(_done_of(target, keep))
+                known = np.concatenate([known, rr[keep_mask]])
                 recovered += len(keep)
         seg.unlink()
         fsync_dir(out / "journal")
-    rows, statuses, toks = read_done(out)
-    return Recovery(rows, statuses, toks, (max(seqs) + 1) if seqs else 0, recovered, torn, dropped)
-
-
-def drop_failed(out: Path) -> list[Path]:
-    """Rewrite shards without their ``failed`` rows (for ``--retry-failed``); return the rewritten shards."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    changed = []
-    for p in list_shards(out):
-        t = pq.read_table(p)
-        keep = pc.not_equal(t.column("status"), "failed")
-        if not pc.all(keep).as_py():
-            write_table(p, t.filter(keep))
-            changed.append(p)
-    return changed
+    rewritten: list[Path] = []
+    if retry_failed:
+        failed = STATUSES.index("failed")
+        for i, d in enumerate(done):
+            bad = d.statuses == failed
+            if bad.any():
+                t = pq.read_table(d.path)
+                write_table(d.path, t.filter(pc.not_equal(t.column("status"), "failed")))
+                done[i] = _Done(d.path, d.rows[~bad], d.statuses[~bad], d.tokens[~bad])
+                rewritten.append(d.path)
+    if done:
+        rows = np.concatenate([d.rows for d in done])
+        order = np.argsort(rows, kind="stable")
+        statuses = np.concatenate([d.statuses for d in done])[order]
+        tokens = np.concatenate([d.tokens for d in done])[order]
+        rows = rows[order]
+    else:
+        rows, statuses, tokens = np.zeros(0, np.int64), np.zeros(0, np.int8), np.zeros(0, np.int64)
+    return Recovery(rows, statuses, tokens, (max(seqs) + 1) if seqs else 0, recovered, torn, dropped, rewritten)
 
 
 class Journal:

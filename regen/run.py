@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
 import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -28,11 +27,12 @@ import numpy as np
 from dqa import atomic
 from dqa.errors import EXIT_OK, EXIT_RUNTIME, InputError, UsageError
 from dqa.regen.client import OpenAIProtocol, Sampling, SglangProtocol
-from dqa.regen.dispatch import DispatchSettings, Dispatcher, strip_userinfo
-from dqa.regen.journal import Journal, drop_failed, list_shards, recover
+from dqa.regen.dispatch import DispatchSettings, Dispatcher
+from dqa.regen.journal import Journal, list_shards, recover
 from dqa.regen.progress import Progress, render
-from dqa.regen.selection import default_findings, iter_jobs, parse_shard, select_rows
+from dqa.regen.selection import default_findings, iter_jobs, narrow, parse_shard, selected_rows, selection_digest
 from dqa.regen.upload import Target, Uploader, is_url, local_path, pull_shards, stage_dir
+from dqa.regen.urls import strip_userinfo
 
 RUN_VERSION = 1
 
@@ -52,6 +52,11 @@ class RegenConfig:
     dataset: str
     out: str
     endpoints: list[str] = field(default_factory=list)
+    # column overrides, as for ``dqa scan`` (None: detected)
+    ids_column: str | None = None
+    mask_column: str | None = None
+    labels_column: str | None = None
+    id_column: str | None = None
     fleet: str | None = None
     failed_only: bool = True
     findings: str | None = None
@@ -94,7 +99,8 @@ class RegenConfig:
 
 @dataclass
 class RunResult:
-    """How a run ended: ``exit_code`` 0 (all selected rows recorded) or 3 (interrupted / fleet down)."""
+    """How a run ended: ``exit_code`` 0 (all selected rows recorded) or 3 (interrupted / fleet down).
+    ``out`` and ``message`` carry no URL credentials."""
 
     exit_code: int
     state: str
@@ -117,9 +123,11 @@ def _dataset_identity(ds, num_rows: int) -> dict[str, Any]:
 
 
 def _count_rows(ds) -> int:
+    """Rows of ``ds``: from metadata where the format keeps it, else from the record batch lengths
+    of the ids column alone (JSONL, Arrow streams, HF), without decoding tokens."""
     n = ds.num_rows
     if n is None:
-        n = sum(b.num_rows for b in ds.batches())
+        n = sum(rb.num_rows for _, rb in ds.record_batches(1 << 30, [ds.columns.ids]))
     return int(n)
 
 
@@ -169,6 +177,11 @@ def _default_log(msg: str) -> None:
     print(f"dqa regen: {msg}", file=sys.stderr, flush=True)
 
 
+def _redacting(log: Callable[[str], None]) -> Callable[[str], None]:
+    """``log`` with URL credentials (``--out s3://key:secret@...``) removed from every message."""
+    return lambda msg: log(strip_userinfo(msg))
+
+
 def regenerate(config: RegenConfig) -> RunResult:
     """Run (or resume) a regeneration and return how it ended (see ``_regenerate``).
 
@@ -195,7 +208,7 @@ def _regenerate(config: RegenConfig) -> RunResult:
     fleet down past the deadline is not raised: ``RunResult.exit_code`` is 3.
     """
     c = config
-    log = c.log or _default_log
+    log = _redacting(c.log or _default_log)
     from dqa.audit.readers import open_dataset
     from dqa.audit.template import load_template
 
@@ -228,19 +241,20 @@ def _regenerate(config: RegenConfig) -> RunResult:
     shard = parse_shard(c.shard)
 
     # --- dataset, template, selection ----------------------------------------------------
-    ds = open_dataset(c.dataset)
+    ds = open_dataset(c.dataset, c.ids_column, c.mask_column, c.labels_column, c.id_column)
     spec = load_template(c.tokenizer, decode=protocol_name == "openai")
     num_rows = _count_rows(ds)
-    findings = Path(c.findings) if c.findings else default_findings(ds.name)
-    rows_all = select_rows(num_rows, findings if c.failed_only else None, c.failed_only, c.reasons, (0, 1), None)
-    rows = select_rows(num_rows, findings if c.failed_only else None, c.failed_only, c.reasons, shard, c.limit)
+    # Resolved: run.json records it for `dqa merge`, which may run from another directory.
+    findings = (Path(c.findings) if c.findings else default_findings(ds.name)).resolve()
+    rows_all = selected_rows(num_rows, findings if c.failed_only else None, c.failed_only, c.reasons)
+    rows = narrow(rows_all, shard, c.limit)
     sampling = Sampling(c.temperature, c.top_p, c.top_k, c.max_new_tokens)
     identity = {
         "dataset": _dataset_identity(ds, num_rows),
         "selection": {
             "failed_only": c.failed_only,
             "reasons": sorted(c.reasons) if c.reasons else None,
-            "rows_sha256": hashlib.sha256(np.ascontiguousarray(rows_all, dtype="<i8").tobytes()).hexdigest(),
+            "rows_sha256": selection_digest(rows_all),
             "shard": f"{shard[0]}/{shard[1]}",
         },
         "sampling": {**sampling.as_dict(), "seed_base": c.seed_base, "template": list(spec.assistant_header)},
@@ -277,7 +291,7 @@ def _regenerate(config: RegenConfig) -> RunResult:
                 log(f"pulled {pulled} shards from {c.out}")
         else:
             _check_identity(out / "run.json", identity)
-        rec = recover(out)
+        rec = recover(out, retry_failed=c.retry_failed)
         if rec.torn_bytes or rec.recovered_records or rec.dropped_duplicates:
             log(
                 f"resumed {out}: compacted {rec.recovered_records} journaled rows"
@@ -285,15 +299,15 @@ def _regenerate(config: RegenConfig) -> RunResult:
                 + (f", dropped {rec.dropped_duplicates} duplicate records" if rec.dropped_duplicates else "")
             )
         uploader = Uploader(targets)
-        if c.retry_failed:
-            for p in drop_failed(out):
-                uploader.submit(p)
-            rec = recover(out)
+        for p in rec.rewritten:
+            uploader.submit(p)
         run_info = {
             "version": RUN_VERSION,
             "identity": identity,
             "dataset_path": str(Path(c.dataset).resolve()),
             "findings": str(findings) if c.failed_only else None,
+            # the column overrides given (null: detected); `dqa merge` uses them when given none
+            "columns": {"ids": c.ids_column, "mask": c.mask_column, "labels": c.labels_column, "id": c.id_column},
             "limit": c.limit,
             "protocol": protocol_name,
             "model": model or None,
@@ -312,8 +326,7 @@ def _regenerate(config: RegenConfig) -> RunResult:
         todo = rows[~done_mask]
         progress = Progress(total=int(rows.size), gpus=gpus, gpu_hour_cost=c.gpu_hour_cost)
         if rec.rows.size:
-            st = rec.statuses[np.isin(rec.rows, rows)]
-            progress.add_prior(int((st == "ok").sum()), int((st == "failed").sum()), int((st == "length").sum()), rec.output_tokens)
+            progress.add_prior(*rec.tally(rows))  # this selection's rows only (a smaller --limit than before)
             with contextlib.suppress(OSError, ValueError, TypeError):
                 progress.prior_elapsed_s = float(json.loads((out / "progress.json").read_text()).get("elapsed_s") or 0.0)
 
@@ -355,9 +368,8 @@ def _regenerate(config: RegenConfig) -> RunResult:
             from dqa.errors import RuntimeFailure
 
             raise RuntimeFailure(f"{out}: writing results failed ({journal_exc}); rerun the same command to resume")
-        fatal_exc = getattr(dispatcher, "fatal_exc", None)
-        if isinstance(fatal_exc, InputError):
-            raise fatal_exc
+        if isinstance(dispatcher.fatal_exc, InputError):
+            raise dispatcher.fatal_exc
         progress.state = {"finished": "finished", "interrupted": "interrupted", "failed": "failed"}[state]
         snap = progress.snapshot()
         atomic.write_json(out / "progress.json", snap)
@@ -367,9 +379,9 @@ def _regenerate(config: RegenConfig) -> RunResult:
         if uploader.errors:
             log(f"could not copy {len(uploader.errors)} files: {uploader.errors[0]}")
     if state == "finished":
-        return RunResult(EXIT_OK, "finished", snap, c.out, "", [str(p) for p in shards])
+        return RunResult(EXIT_OK, "finished", snap, strip_userinfo(c.out), "", [str(p) for p in shards])
     msg = dispatcher.fatal or f"interrupted with {snap['total'] - snap['done']} rows left; rerun the same command to resume"
-    return RunResult(EXIT_RUNTIME, progress.state, snap, c.out, msg, [str(p) for p in shards])
+    return RunResult(EXIT_RUNTIME, progress.state, snap, strip_userinfo(c.out), strip_userinfo(msg), [str(p) for p in shards])
 
 
 async def _drive(dispatcher: Dispatcher, progress: Progress, out: Path, c: RegenConfig, live: bool) -> str:
@@ -418,10 +430,3 @@ async def _drive(dispatcher: Dispatcher, progress: Progress, out: Path, c: Regen
         if display:
             display.update(render(progress.snapshot()))
             display.stop()
-
-
-def config_dict(c: RegenConfig) -> dict[str, Any]:
-    """The config as plain data (no callables), for logs and tests."""
-    d = asdict(c)
-    d.pop("log", None)
-    return d

@@ -20,20 +20,6 @@ from dqa.errors import InputError, UsageError
 from dqa.regen.client import Job
 from dqa.regen.prompts import NO_HEADER, prompt_ends, sample_seed
 
-KNOWN_CHECKS = (
-    "no_loss",
-    "length_mismatch",
-    "degenerate_template",
-    "duplicate_response",
-    "short_response",
-    "empty_thinking",
-    "missing_thinking",
-    "truncated",
-    "repetition_loop",
-    "mask_misaligned",
-)
-
-
 def parse_shard(text: str | None) -> tuple[int, int]:
     """``"i/N"`` -> ``(i, N)``; None -> ``(0, 1)``. Raises ``UsageError`` unless ``0 <= i < N``."""
     if not text:
@@ -63,6 +49,8 @@ def read_findings(path: Path, reasons: list[str] | None) -> np.ndarray:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from dqa.audit.checks import CHECK_NAMES
+
     if path.is_dir():
         path = path / "findings.parquet"
     if not path.is_file():
@@ -83,9 +71,9 @@ def read_findings(path: Path, reasons: list[str] | None) -> np.ndarray:
         flat = col.flatten()
         parents = pc.list_parent_indices(col)
         present = set(pc.unique(flat).to_pylist())
-        unknown = [r for r in reasons if r not in present and r not in KNOWN_CHECKS]
+        unknown = [r for r in reasons if r not in present and r not in CHECK_NAMES]
         if unknown:
-            raise InputError(f"--reasons: unknown check {unknown[0]!r} (known: {', '.join(KNOWN_CHECKS)})")
+            raise InputError(f"--reasons: unknown check {unknown[0]!r} (known: {', '.join(CHECK_NAMES)})")
         hit = pc.is_in(flat, value_set=pa.array(reasons, pa.string()))
         keep = np.unique(parents.filter(hit).to_numpy())
         rows = rows.take(pa.array(keep))
@@ -95,24 +83,26 @@ def read_findings(path: Path, reasons: list[str] | None) -> np.ndarray:
     return out
 
 
-def select_rows(
-    num_rows: int,
-    findings: Path | None,
-    failed_only: bool,
-    reasons: list[str] | None,
-    shard: tuple[int, int],
-    limit: int | None,
-) -> np.ndarray:
-    """The sorted dataset rows this driver regenerates. Raises ``InputError`` for rows past the dataset's end."""
+def selected_rows(num_rows: int, findings: Path | None, failed_only: bool, reasons: list[str] | None) -> np.ndarray:
+    """Every row the run selects before ``--shard`` and ``--limit``, sorted: the findings' failing
+    rows (narrowed to ``reasons``), or all ``num_rows`` rows when not ``failed_only``.
+
+    Raises ``InputError`` for rows past the dataset's end, ``UsageError`` for ``reasons`` without
+    ``failed_only``.
+    """
     if failed_only:
         assert findings is not None
         rows = read_findings(findings, reasons)
         if rows.size and rows[-1] >= num_rows:
             raise InputError(f"{findings}: row {int(rows[-1])} is past the dataset's end ({num_rows} rows); findings of another dataset?")
-    else:
-        if reasons:
-            raise UsageError("--reasons needs --failed-only (it narrows the findings)")
-        rows = np.arange(num_rows, dtype=np.int64)
+        return rows
+    if reasons:
+        raise UsageError("--reasons needs --failed-only (it narrows the findings)")
+    return np.arange(num_rows, dtype=np.int64)
+
+
+def narrow(rows: np.ndarray, shard: tuple[int, int], limit: int | None) -> np.ndarray:
+    """The rows of ``selected_rows`` this driver takes: ``row % N == i`` for ``shard=(i, N)``, then the first ``limit``."""
     i, n = shard
     if n > 1:
         rows = rows[rows % n == i]
@@ -123,13 +113,22 @@ def select_rows(
     return rows
 
 
-def file_digest(path: Path) -> str:
-    """sha256 of a file (used to tie an output folder to the findings it was made from)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def select_rows(
+    num_rows: int,
+    findings: Path | None,
+    failed_only: bool,
+    reasons: list[str] | None,
+    shard: tuple[int, int],
+    limit: int | None,
+) -> np.ndarray:
+    """The sorted dataset rows this driver regenerates: ``narrow(selected_rows(...), shard, limit)``."""
+    return narrow(selected_rows(num_rows, findings, failed_only, reasons), shard, limit)
+
+
+def selection_digest(rows: np.ndarray) -> str:
+    """sha256 of the rows of ``selected_rows`` (little-endian int64): run.json's ``rows_sha256``,
+    which ties an output folder to its selection and lets ``dqa merge`` check it can rebuild it."""
+    return hashlib.sha256(np.ascontiguousarray(rows, dtype="<i8").tobytes()).hexdigest()
 
 
 def iter_jobs(dataset, rows: np.ndarray, header: tuple[int, ...], seed_base: int = 0, batch_rows: int = 4096) -> Iterator[list[Job]]:

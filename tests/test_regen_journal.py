@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from dqa.regen.journal import Journal, Result, decode_segment, drop_failed, encode, list_shards, recover, results_table, shard_schema
+from dqa.regen.journal import Journal, Result, decode_segment, encode, list_shards, recover, results_table, shard_schema
 from regen_helpers import read_shards
 
 
@@ -116,9 +116,30 @@ def test_retry_failed_removes_failed_records_only(tmp_path):
     from dqa.regen.journal import shard_path, write_table
 
     write_table(shard_path(tmp_path, "s0of1", 0), results_table([_result(1), _result(2, "failed"), _result(3, "length")]))
-    assert len(drop_failed(tmp_path)) == 1
+    rec = recover(tmp_path, retry_failed=True)
+    assert rec.rewritten == list_shards(tmp_path) and rec.rows.tolist() == [1, 3]
     assert sorted(pq.read_table(list_shards(tmp_path)[0]).column("row").to_pylist()) == [1, 3]
-    assert drop_failed(tmp_path) == []
+    assert recover(tmp_path, retry_failed=True).rewritten == []
+
+
+def test_recovery_tallies_statuses_and_tokens_of_the_rows_asked_for(tmp_path):
+    recover(tmp_path)
+    from dqa.regen.journal import shard_path, write_table
+
+    write_table(shard_path(tmp_path, "s0of1", 0), results_table([_result(1, n_out=5), _result(2, "failed", n_out=0)]))
+    (tmp_path / "journal" / "s0of1-000001.log").write_bytes(encode(_result(3, "length", n_out=7)) + encode(_result(8, n_out=11)))
+    rec = recover(tmp_path)
+    assert rec.rows.tolist() == [1, 2, 3, 8] and rec.output_tokens == 23
+    assert rec.tally(np.array([1, 2, 3, 8])) == (2, 1, 1, 23)
+    # a smaller selection (a later run with a smaller --limit) counts only its own rows' tokens
+    assert rec.tally(np.array([1, 2, 3])) == (1, 1, 1, 12)
+
+
+def test_duplicate_records_inside_one_segment_keep_the_first(tmp_path):
+    recover(tmp_path)
+    (tmp_path / "journal" / "s0of1-000000.log").write_bytes(encode(_result(4, n_out=2)) + encode(_result(4, n_out=9)))
+    rec = recover(tmp_path)
+    assert rec.rows.tolist() == [4] and rec.dropped_duplicates == 1 and rec.output_tokens == 2
 
 
 @pytest.mark.parametrize("n", [0, 1])

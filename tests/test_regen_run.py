@@ -252,3 +252,89 @@ def test_a_non_empty_folder_not_made_by_regen_is_refused(data, stub, tmp_path):
     with pytest.raises(InputError, match="not a dqa regen output folder"):
         _run(data, tmp_path / "out", [stub.url])
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["train.parquet"]
+
+
+def test_a_smaller_limit_after_a_larger_one_counts_only_its_own_rows_tokens(data, stub, tmp_path):
+    _run(data, tmp_path / "out", [stub.url], limit=6)
+    res, _ = _run(data, tmp_path / "out", [stub.url], limit=3)
+    t = read_shards(tmp_path / "out").to_pylist()
+    mine = sorted(t, key=lambda r: r["row"])[:3]
+    assert (res.progress["total"], res.progress["done"], res.progress["ok"]) == (3, 3, 3)
+    assert res.progress["mean_output_tokens"] == round(sum(r["output_tokens"] for r in mine) / 3, 1)
+
+
+def test_url_credentials_stay_out_of_logs_run_json_and_the_shared_temp_folder(data, stub, tmp_path, monkeypatch):
+    import fsspec
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    res, logs = _run(data, "memory://AKIAUSER:s3cr3t-pass@dqa-cred/run", [stub.url], limit=2,
+                     mirror=["memory://mirroruser:m1rr0r-pass@dqa-cred/mirror"])
+    assert res.exit_code == 0 and logs
+    assert not any("s3cr3t" in m or "m1rr0r" in m for m in logs), logs
+    assert "s3cr3t" not in res.out
+    stage = next((tmp_path / "cache" / "dqa" / "regen-stage").iterdir())
+    assert (tmp_path / "cache" / "dqa").stat().st_mode & 0o777 == 0o700
+    for f in stage.rglob("*"):
+        if f.is_file():
+            assert b"s3cr3t" not in f.read_bytes() and b"m1rr0r" not in f.read_bytes(), f
+    fs = fsspec.filesystem("memory")  # the URL itself still reaches the backend
+    assert fs.exists("/AKIAUSER:s3cr3t-pass@dqa-cred/run/run.json")
+    assert fs.exists("/mirroruser:m1rr0r-pass@dqa-cred/mirror/run.json")
+
+
+def test_the_staging_root_is_private_and_must_be_ours(tmp_path, monkeypatch):
+    import os
+
+    from dqa.errors import RuntimeFailure
+    from dqa.regen.upload import stage_dir
+
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
+    d = stage_dir("s3://key:secret@bucket/run")
+    root = tmp_path / f"dqa-{os.getuid()}"
+    assert d.parent.parent == root and root.stat().st_mode & 0o777 == 0o700
+    assert d == stage_dir("s3://other:creds@bucket/run")  # named by the URL without its credentials
+    root.chmod(0o777)
+    stage_dir("s3://bucket/run")
+    assert root.stat().st_mode & 0o777 == 0o700  # opened up meanwhile: closed again
+    monkeypatch.setattr(os, "getuid", lambda: 4242)  # a folder at our name made by someone else (here: uid of the test)
+    (tmp_path / "dqa-4242").mkdir(mode=0o700)
+    with pytest.raises(RuntimeFailure, match="not a folder owned by this user"):
+        stage_dir("s3://bucket/run")
+    monkeypatch.setattr(os, "getuid", lambda: 4243)  # a link planted at our name
+    os.symlink(tmp_path / "elsewhere", tmp_path / "dqa-4243")
+    with pytest.raises(RuntimeFailure, match="not a folder owned by this user"):
+        stage_dir("s3://bucket/run")
+
+
+def test_row_count_of_a_jsonl_dataset_reads_no_tokens(tmp_path, monkeypatch):
+    from dqa.audit.readers import Dataset, open_dataset
+    from dqa.regen.run import _count_rows
+
+    path = degenerate_dataset(tmp_path / "d.parquet", 7)
+    t = pq.read_table(path)
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in t.to_pylist()))
+
+    def no_tokens(self, *a, **k):
+        raise AssertionError("token batches decoded just to count rows")
+
+    monkeypatch.setattr(Dataset, "batches", no_tokens)
+    assert _count_rows(open_dataset(jsonl)) == 7
+
+
+def test_cli_prints_a_summary_line_on_stdout_and_nothing_with_quiet(data, stub, tmp_path, cli):
+    path, findings = data
+    r = cli("regen", path, "--findings", findings, "-e", stub.url, "--out", tmp_path / "out", "--limit", "2", "-t", "qwen3")
+    assert r.exit_code == 0, r.stderr
+    (line,) = r.stdout.splitlines()
+    assert "2 of 2 rows recorded" in line and str(tmp_path / "out") in line
+    r = cli("regen", path, "--findings", findings, "-e", stub.url, "--out", tmp_path / "out", "--limit", "3", "--quiet")
+    assert r.exit_code == 0 and r.stdout == "" and r.stderr == ""
+    assert read_shards(tmp_path / "out").num_rows == 3
+
+
+def test_cli_help_lists_the_column_options_of_scan(cli):
+    r = cli("regen", "--help")
+    for opt in ("--ids-column", "--mask-column", "--labels-column", "--id-column", "-t", "--quiet"):
+        assert opt in r.stdout, opt

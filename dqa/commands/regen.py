@@ -27,6 +27,10 @@ def register(app: typer.Typer) -> None:
 @handles_errors
 def regen(
     dataset: str = typer.Argument(..., help="Tokenized dataset: parquet file/folder, HF save_to_disk folder, Arrow or JSONL."),
+    ids_column: Optional[str] = typer.Option(None, help="Token ids column (default: input_ids)."),
+    mask_column: Optional[str] = typer.Option(None, help="0/1 loss mask column (default: loss_mask, if present)."),
+    labels_column: Optional[str] = typer.Option(None, help="Labels column, -100 = unsupervised (default: labels)."),
+    id_column: Optional[str] = typer.Option(None, help="Sample id column (default: id, if present)."),
     failed_only: bool = typer.Option(True, "--failed-only/--all", help="Only the rows in findings.parquet (default), or every row."),
     findings: Optional[str] = typer.Option(None, "--findings", help="findings.parquet or the folder holding it. Default: dqa-out/<dataset name>/ (where `dqa scan` writes)."),
     reasons: Optional[str] = typer.Option(None, "--reasons", help="Only rows flagged by these checks, comma-separated, e.g. degenerate_template,empty_thinking."),
@@ -46,18 +50,20 @@ def regen(
     gpu_hour_cost: float = typer.Option(0.0, "--gpu-hour-cost", help="Price of one GPU-hour, for cost so far and projected."),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs the fleet uses, for cost. Default: from the fleet file, else one per endpoint."),
     mirror: List[str] = typer.Option([], "--mirror", help="Also copy each closed shard to this fsspec URL (repeatable)."),
-    tokenizer: str = typer.Option("qwen3", "--tokenizer", help="Tokenizer folder (tokenizer.json + chat template) or the preset qwen3: gives the assistant header ids; openai also renders replies with it."),
+    tokenizer: str = typer.Option("qwen3", "--tokenizer", "-t", help="Tokenizer folder (tokenizer.json + chat template) or the preset qwen3: gives the assistant header ids; openai also renders replies with it."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="On resume, send the rows recorded as failed again (their old records are replaced)."),
     max_attempts: int = typer.Option(6, "--max-attempts", help="Attempts per row before it is recorded as failed."),
     request_timeout: float = typer.Option(3600.0, "--request-timeout", help="Seconds to wait for one reply (long: a disconnect aborts the request on the server)."),
     down_deadline: float = typer.Option(600.0, "--down-deadline", help="Stop (exit 3, resumable) when no endpoint has been healthy for this many seconds."),
     shard_rows: int = typer.Option(20000, "--shard-rows", help="Rows per output shard (a shard also closes every 5 minutes)."),
     json_out: bool = typer.Option(False, "--json", help="Print the final progress object as JSON on stdout."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No live display, no log lines, no summary; exit code (and --json) only."),
 ) -> None:
     import json
 
-    from dqa.errors import UsageError
+    from dqa.errors import DqaError, UsageError
     from dqa.regen.run import RegenConfig, regenerate
+    from dqa.regen.urls import strip_userinfo
 
     if shard_rows < 1:
         raise UsageError("--shard-rows must be >= 1")
@@ -66,6 +72,10 @@ def regen(
     cfg = RegenConfig(
         dataset=dataset,
         out=out,
+        ids_column=ids_column,
+        mask_column=mask_column,
+        labels_column=labels_column,
+        id_column=id_column,
         endpoints=list(endpoint),
         fleet=fleet,
         failed_only=failed_only,
@@ -90,8 +100,15 @@ def regen(
         request_timeout=request_timeout,
         down_deadline=down_deadline,
         shard_rows=shard_rows,
+        live=False if quiet else None,
+        log=(lambda msg: None) if quiet else None,
     )
-    result = regenerate(cfg)
+    try:
+        result = regenerate(cfg)
+    except DqaError as exc:  # an --out/--mirror URL may carry credentials: never print them
+        raise type(exc)(strip_userinfo(str(exc))) from None
+    except OSError as exc:
+        raise OSError(exc.errno, strip_userinfo(exc.strerror or str(exc)), strip_userinfo(str(exc.filename or ""))) from None
     # The run's files are final: a late Ctrl-C/SIGTERM must not turn this exit into a signal death.
     import signal
 
@@ -99,7 +116,20 @@ def regen(
         signal.signal(sig, signal.SIG_IGN)
     if json_out:
         typer.echo(json.dumps(result.progress, indent=2))
+    elif not quiet and result.exit_code == 0:
+        typer.echo(_summary(result.progress, result.out))
     if result.exit_code != 0:
         from dqa.commands.common import fail
 
         fail(result.message, result.exit_code)
+
+
+def _summary(p: dict, out: str) -> str:
+    """One result line for stdout: what the run recorded and where."""
+    parts = [f"{p.get('done', 0):,} of {p.get('total', 0):,} rows recorded", f"{p.get('ok', 0):,} ok"]
+    if p.get("truncated"):
+        parts.append(f"{p['truncated']:,} truncated (status length)")
+    if p.get("failed"):
+        parts.append(f"{p['failed']:,} failed")
+    cost = f", cost {p['cost_so_far']:.2f}" if p.get("gpu_hour_cost") else ""
+    return f"dqa regen: {', '.join(parts)} -> {out} in {p.get('elapsed_s', 0):.1f}s{cost}"
