@@ -15,11 +15,13 @@ Output schema: each file keeps its input schema; columns the caller adds are app
 where the input carries Hugging Face feature metadata (the ``huggingface`` schema key, or
 ``dataset_info.json``) the new columns are added to the features.
 
-Crash safety: every file goes through a temporary name and a rename. A single-file output is
-written as ``.tmp-NAME.*`` next to ``out``; a folder output is built whole in a sibling
-``.tmp-NAME.*`` folder and renamed into place by ``commit``. Until then nothing named
-``out`` exists, so a crash never leaves a half dataset that looks complete; the next run
-removes the leftovers.
+Crash safety: the output is built whole in a work folder beside ``out``
+(``dqa.atomic.make_work_dir``: ``.tmp-NAME.PID.*``), each file through ``dqa.atomic.atomic_path``,
+and ``commit`` renames it into place (``dqa.atomic.replace_dir`` for a folder, one rename for a
+file), then moves any companion files (a report) beside it. Until then nothing named ``out``
+exists, so a crash never leaves a half dataset that looks complete; the next writer of ``out``
+removes work folders whose process is gone (never those of a run still going). Files and
+folders get the modes a plain ``open``/``mkdir`` would give (umask).
 """
 
 from __future__ import annotations
@@ -30,13 +32,12 @@ import json
 import os
 import secrets
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import pyarrow as pa
 
-from dqa.atomic import TMP_PREFIX, atomic_path, fsync_dir
+from dqa.atomic import atomic_path, fsync_dir, make_work_dir, replace_dir
 from dqa.audit.readers import Dataset, file_schema
 from dqa.errors import InputError
 
@@ -85,22 +86,6 @@ def _suffix_family(name: str) -> str | None:
         if name.endswith(suffixes):
             return fam
     return None
-
-
-def remove_stale_outputs(out: Path) -> int:
-    """Remove ``.tmp-NAME.*`` leftovers (files or folders) of interrupted writes of ``out``; return how many."""
-    removed = 0
-    parent = out.parent
-    if not parent.is_dir():
-        return 0
-    for p in parent.glob(f"{TMP_PREFIX}{out.name}.*"):
-        with contextlib.suppress(OSError):
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p)
-            else:
-                p.unlink()
-            removed += 1
-    return removed
 
 
 # --- Hugging Face feature metadata ------------------------------------------------------------
@@ -160,32 +145,38 @@ def _schema_with_hf_meta(schema: pa.Schema) -> pa.Schema:
 # --- per-file writers -------------------------------------------------------------------------
 
 
+class _Discarded(Exception):
+    """Thrown into ``atomic_path`` to make it remove the temporary file."""
+
+
 class _FileSink:
-    """Writes one output file at a temporary name; ``close`` renames it to its final name."""
+    """Writes one output file at a temporary name (``dqa.atomic.atomic_path``); ``close`` renames it to ``dest``."""
 
     def __init__(self, dest: Path, fmt: str, schema: pa.Schema | None, compression: str | None):
         self.dest = dest
         self.fmt = fmt
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + dest.name + ".", dir=dest.parent)
-        os.close(fd)
-        self.tmp = Path(tmp)
+        self._atomic = atomic_path(dest)
+        self.tmp = self._atomic.__enter__()
         self.schema = _schema_with_hf_meta(schema) if schema is not None else None
         self.rows = 0
         self._w: Any = None
         self._fh: Any = None
-        if fmt == "parquet":
-            import pyarrow.parquet as pq
+        try:
+            if fmt == "parquet":
+                import pyarrow.parquet as pq
 
-            self._w = pq.ParquetWriter(str(self.tmp), self.schema, compression=compression or "snappy")
-        elif fmt == "arrow-file":
-            self._fh = pa.OSFile(str(self.tmp), "wb")
-            self._w = pa.ipc.new_file(self._fh, self.schema)
-        elif fmt in ("arrow-stream", "hf"):
-            self._fh = pa.OSFile(str(self.tmp), "wb")
-            self._w = pa.ipc.new_stream(self._fh, self.schema)
-        else:
-            self._fh = open(self.tmp, "wb")
+                self._w = pq.ParquetWriter(str(self.tmp), self.schema, compression=compression or "snappy")
+            elif fmt == "arrow-file":
+                self._fh = pa.OSFile(str(self.tmp), "wb")
+                self._w = pa.ipc.new_file(self._fh, self.schema)
+            elif fmt in ("arrow-stream", "hf"):
+                self._fh = pa.OSFile(str(self.tmp), "wb")
+                self._w = pa.ipc.new_stream(self._fh, self.schema)
+            else:
+                self._fh = open(self.tmp, "wb")
+        except BaseException:
+            self.discard()
+            raise
 
     def write(self, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
@@ -203,13 +194,16 @@ class _FileSink:
         self._w.write_batch(batch)
 
     def close(self) -> None:
-        if self._w is not None:
-            self._w.close()
-        if self._fh is not None:
-            self._fh.close()
-        with open(self.tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(self.tmp, self.dest)
+        """Finish the file, fsync it and rename it to ``dest``. Raises ``OSError`` (naming the file)."""
+        try:
+            if self._w is not None:
+                self._w.close()
+            if self._fh is not None:
+                self._fh.close()
+        except BaseException as exc:
+            self._atomic.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._atomic.__exit__(None, None, None)
 
     def discard(self) -> None:
         with contextlib.suppress(Exception):
@@ -218,8 +212,8 @@ class _FileSink:
         with contextlib.suppress(Exception):
             if self._fh is not None:
                 self._fh.close()
-        with contextlib.suppress(OSError):
-            self.tmp.unlink()
+        with contextlib.suppress(_Discarded, OSError):
+            self._atomic.__exit__(_Discarded, _Discarded(), None)
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
@@ -272,18 +266,16 @@ class DatasetWriter:
         self.force = force
         self.schema_for = schema_for or (lambda s: s)
         check_output_path(like, self.out, force)
-        remove_stale_outputs(self.out)
         self.folder = output_is_folder(like)
         self.rows_written = 0
         self._committed = False
         self._sinks: dict[Path, _FileSink] = {}
         self._done: list[Path] = []
         self._current: Path | None = None
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        if self.folder:
-            self.root = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{self.out.name}.", dir=self.out.parent))
-        else:
-            self.root = self.out.parent
+        self.work = make_work_dir(self.out)  # removes work folders of dead earlier runs
+        # A folder output is built as work/data; a file output as work/NAME.
+        self.root = self.work / "data" if self.folder else self.work
+        self.root.mkdir(exist_ok=True)
 
     def __enter__(self) -> "DatasetWriter":
         return self
@@ -294,7 +286,7 @@ class DatasetWriter:
 
     def _dest(self, src: Path) -> Path:
         if not self.folder:
-            return self.out
+            return self.root / self.out.name
         return self.root / src.resolve().relative_to(self.like.path.resolve())
 
     def _open(self, src: Path) -> _FileSink:
@@ -302,12 +294,7 @@ class DatasetWriter:
         stored = file_schema(src, fmt)
         schema = self.schema_for(stored) if stored is not None else None
         compression = _parquet_compression(src) if fmt == "parquet" else None
-        if not self.folder:
-            # The single output file is created next to out as .tmp-NAME.*, renamed at commit.
-            sink = _FileSink(self.out, fmt, schema, compression)
-        else:
-            sink = _FileSink(self._dest(src), fmt, schema, compression)
-        return sink
+        return _FileSink(self._dest(src), fmt, schema, compression)
 
     def write(self, src: Path, batch: pa.RecordBatch) -> None:
         """Append ``batch`` (rows from input file ``src``, in dataset order) to its output file."""
@@ -326,9 +313,12 @@ class DatasetWriter:
             sink.close()
             self._done.append(self._current)
 
-    def commit(self) -> Path:
+    def commit(self, companions: dict[Path, bytes] | None = None) -> Path:
         """Close every file, write the folder's metadata and move the result to ``out``; return ``out``.
 
+        ``companions`` (path -> content) are files that describe ``out`` (a merge report): they
+        are written in the work folder first and renamed into place right after ``out``, so
+        none appears without ``out``; an earlier copy is removed before ``out`` is replaced.
         Input files that received no rows still get an (empty) output file with their schema.
         Raises ``InputError`` when ``out`` appeared meanwhile and ``force`` is false.
         """
@@ -342,27 +332,34 @@ class DatasetWriter:
             self._copy_other_files()
             if self.like.format == "hf":
                 self._write_hf_metadata()
-        if self.out.exists() and not self.force:
-            raise InputError(f"--out {self.out}: appeared while merging (use --force to replace it)")
-        if self.folder:
-            fsync_dir(self.root)
-            self._move_folder_into_place()
         else:
             (sink,) = self._sinks.values()
-            sink.close()  # os.replace over out: atomic for a file
+            sink.close()
             self._sinks.clear()
+        staged = []
+        for k, (dest, data) in enumerate((companions or {}).items()):
+            tmp = self.work / f"companion-{k}"
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            staged.append((tmp, Path(dest)))
+        if self.out.exists() and not self.force:
+            raise InputError(f"--out {self.out}: appeared while merging (use --force to replace it)")
+        for _, dest in staged:
+            with contextlib.suppress(FileNotFoundError):
+                dest.unlink()
+        fsync_dir(self.root)
+        if self.folder:
+            replace_dir(self.root, self.out)
+        else:
+            os.replace(self.root / self.out.name, self.out)
+        for tmp, dest in staged:
+            os.replace(tmp, dest)
         fsync_dir(self.out.parent)
         self._committed = True
+        shutil.rmtree(self.work, ignore_errors=True)
         return self.out
-
-    def _move_folder_into_place(self) -> None:
-        old: Path | None = None
-        if self.out.exists():
-            old = self.out.parent / f"{TMP_PREFIX}{self.out.name}.old-{secrets.token_hex(4)}"
-            os.replace(self.out, old)
-        os.replace(self.root, self.out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
 
     def _copy_other_files(self) -> None:
         """Copy the input folder's non-data files (README, licences, ...) unchanged; HF metadata is rewritten."""
@@ -400,5 +397,4 @@ class DatasetWriter:
         for sink in self._sinks.values():
             sink.discard()
         self._sinks.clear()
-        if self.folder and self.root.exists():
-            shutil.rmtree(self.root, ignore_errors=True)
+        shutil.rmtree(self.work, ignore_errors=True)

@@ -25,8 +25,9 @@ What it writes
 The report
     ``NEW.merge-report.json`` next to NEW (also when NEW is a folder: a file inside a
     dataset folder could be taken for data) lists each row that could not be regenerated
-    with ``row``, ``id`` and ``reason``, plus the counts of ``MergeSummary``. It is written
-    just before NEW is moved into place; NEW is the commit point.
+    with ``row``, ``id`` and ``reason``, plus the counts of ``MergeSummary``. It is staged
+    with NEW and renamed into place right after it (an earlier report is removed before NEW
+    is replaced), so a report never describes a NEW that is not there.
 
 Safety
     The input is streamed in batches (memory: one batch plus the shard row groups that the
@@ -56,6 +57,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dqa.arrays import ranks as _ranks
+from dqa.audit.readers import IGNORE_INDEX, _is_int_list
 from dqa.errors import InputError, RuntimeFailure
 
 PROVENANCE_COLUMN = "dqa_regen"
@@ -71,7 +73,6 @@ PROVENANCE_TYPE = pa.struct(
 )
 STATUSES = ("ok", "length", "failed")
 _OK, _LENGTH, _FAILED = 0, 1, 2
-IGNORE_INDEX = -100
 REPORT_SUFFIX = ".merge-report.json"
 CACHE_BYTES = 1 << 30  # shard row groups held at once, beyond those the current batch needs
 _SHARD_DATA_COLUMNS = ("input_ids", "loss_mask", "prompt_len", "id") + tuple(f.name for f in PROVENANCE_TYPE)
@@ -176,26 +177,36 @@ class RunSelection:
     note: str
 
 
-def read_run_selection(d: Path) -> RunSelection:
-    """Reconstruct the rows ``dqa regen`` selected in folder ``d`` from its ``run.json``.
-
-    run.json records the findings file, ``--reasons``, ``--shard``, ``--limit`` and a sha256 of
-    the selected rows (``identity.selection.rows_sha256``, before shard and limit); the
-    selection is recomputed with ``dqa.regen.selection.select_rows`` and accepted only when
-    the digest matches (the findings file may have been rescanned since). Never raises for a
-    missing or changed findings file: the result then has ``rows=None`` and a ``note``.
-    Raises ``InputError`` when run.json exists but is not JSON.
-    """
-    import hashlib
-
+def _read_run_json(d: Path) -> dict[str, Any] | None:
+    """``d/run.json`` as a dict; None when missing. Raises ``InputError`` when it is not a JSON object."""
     run = d / "run.json"
     if not run.is_file():
-        return RunSelection(None, None, f"{run}: missing; only failed shard rows are listed")
+        return None
     try:
         cfg = json.loads(run.read_text())
     except (ValueError, OSError) as exc:
         raise InputError(f"{run}: not valid JSON ({exc})") from None
-    ident = cfg.get("identity") if isinstance(cfg, dict) else None
+    if not isinstance(cfg, dict):
+        raise InputError(f"{run}: not a JSON object")
+    return cfg
+
+
+def read_run_selection(d: Path) -> RunSelection:
+    """Reconstruct the rows ``dqa regen`` selected in folder ``d`` from its ``run.json``.
+
+    run.json records the findings file (an absolute path), ``--reasons``, ``--shard``,
+    ``--limit`` and ``identity.selection.rows_sha256`` (``selection_digest`` of the selected
+    rows before shard and limit); the selection is recomputed with
+    ``dqa.regen.selection`` and accepted only when the digest matches (the findings file may
+    have been rescanned since). Never raises for a missing or changed findings file: the
+    result then has ``rows=None`` and a ``note``. Raises ``InputError`` when run.json exists
+    but is not JSON.
+    """
+    run = d / "run.json"
+    cfg = _read_run_json(d)
+    if cfg is None:
+        return RunSelection(None, None, f"{run}: missing; only failed shard rows are listed")
+    ident = cfg.get("identity")
     sel = ident.get("selection") if isinstance(ident, dict) else None
     ds_rows = None
     if isinstance(ident, dict) and isinstance(ident.get("dataset"), dict):
@@ -203,34 +214,41 @@ def read_run_selection(d: Path) -> RunSelection:
         ds_rows = int(r) if isinstance(r, int) else None
     if not isinstance(sel, dict) or ds_rows is None:
         return RunSelection(None, ds_rows, f"{run}: no selection recorded; only failed shard rows are listed")
-    from dqa.regen.selection import parse_shard, select_rows
+    from dqa.regen.selection import narrow, parse_shard, selected_rows, selection_digest
 
     failed_only = bool(sel.get("failed_only", True))
     findings = Path(cfg["findings"]) if failed_only and cfg.get("findings") else None
     if failed_only:
         if findings is None:
             return RunSelection(None, ds_rows, f"{run}: no findings path recorded; only failed shard rows are listed")
-        if not findings.is_absolute() and not findings.exists() and (d.parent / findings).exists():
-            findings = d.parent / findings
         if not findings.exists():
             return RunSelection(None, ds_rows, f"{findings}: findings of the run not found; only failed shard rows are listed")
     try:
-        reasons = sel.get("reasons") or None
-        everything = select_rows(ds_rows, findings, failed_only, reasons, (0, 1), None)
-        digest = hashlib.sha256(np.ascontiguousarray(everything, dtype="<i8").tobytes()).hexdigest()
-        if sel.get("rows_sha256") and digest != sel["rows_sha256"]:
+        everything = selected_rows(ds_rows, findings, failed_only, sel.get("reasons") or None)
+        if sel.get("rows_sha256") and selection_digest(everything) != sel["rows_sha256"]:
             return RunSelection(None, ds_rows, f"{findings}: changed since the run (rescanned?); only failed shard rows are listed")
-        rows = select_rows(ds_rows, findings, failed_only, reasons, parse_shard(sel.get("shard")), cfg.get("limit"))
+        rows = narrow(everything, parse_shard(sel.get("shard")), cfg.get("limit"))
     except InputError as exc:
         return RunSelection(None, ds_rows, f"selection of the run not reconstructed ({exc}); only failed shard rows are listed")
     return RunSelection(np.asarray(rows, dtype=np.int64), ds_rows, f"{run}: {rows.size} rows selected")
 
 
-def _is_int_list(t: pa.DataType, allow_bool: bool = False) -> bool:
-    if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
-        return False
-    v = t.value_type
-    return pa.types.is_integer(v) or (allow_bool and pa.types.is_boolean(v))
+COLUMN_KEYS = ("ids", "mask", "labels", "id")
+
+
+def run_columns(dirs: Iterable[Path]) -> dict[str, str | None]:
+    """The column overrides given to ``dqa regen`` (run.json ``columns``: ``ids``, ``mask``,
+    ``labels``, ``id``; None where none was given). Raises ``InputError`` when the folders'
+    runs were given different ones."""
+    found: dict[str, str | None] | None = None
+    for d in dirs:
+        cfg = _read_run_json(Path(d))
+        cols = cfg.get("columns") if cfg else None
+        mine = {k: (cols.get(k) if isinstance(cols, dict) else None) for k in COLUMN_KEYS}
+        if found is not None and mine != found:
+            raise InputError(f"--regen {d}: its run was given other column options ({mine}) than the other folders' ({found})")
+        found = mine
+    return found or dict.fromkeys(COLUMN_KEYS)
 
 
 def load_regen_index(dirs: Iterable[Path]) -> RegenIndex:
@@ -797,7 +815,6 @@ def merge(
     ``report_path(out)``). Raises ``InputError`` / ``RuntimeFailure`` as described in the
     module docstring; on any error ``out`` is not created.
     """
-    from dqa.atomic import write_json
     from dqa.audit.readers import open_dataset
     from dqa.audit.writers import DatasetWriter, check_output_path
 
@@ -806,7 +823,10 @@ def merge(
     regen = [Path(d) for d in regen_dirs]
     if not regen:
         raise InputError("give --regen DIR (the --out folder of dqa regen)")
-    ds = open_dataset(dataset, ids_column, mask_column, labels_column, id_column)
+    cols = (ids_column, mask_column, labels_column, id_column)
+    if not any(cols):  # none given here: the ones given to dqa regen, so both read the same columns
+        cols = tuple(run_columns(regen)[k] for k in COLUMN_KEYS)
+    ds = open_dataset(dataset, *cols)
     check_output_path(ds, out, force)
     for d in regen:
         shards = (d / "shards").resolve()
@@ -837,8 +857,8 @@ def merge(
         summary.unregenerated_rows = _unregen_list(merger)
         summary.selection = index.selection_notes
         summary.elapsed_s = round(time.perf_counter() - t0, 3)
-        write_json(report_path(out), summary.as_dict(with_rows=True))
-        writer.commit()
+        report = json.dumps(summary.as_dict(with_rows=True), indent=2, default=str) + "\n"
+        writer.commit(companions={report_path(out): report.encode()})
     return summary
 
 

@@ -42,7 +42,17 @@ def nothing_written(out: Path) -> bool:
     return not out.exists() and not [p for p in out.parent.iterdir() if p.name.startswith(".tmp-" + out.name)]
 
 
-def test_merge_prints_a_summary_on_stderr_and_json_on_stdout(cli, setup):
+def test_merge_prints_its_summary_line_on_stdout_like_the_other_commands(cli, setup):
+    src, regen, out, _ = setup
+    r = cli("merge", src, "--regen", regen, "--out", out)
+    assert r.exit_code == 0, r.stderr
+    (line,) = r.stdout.splitlines()
+    assert "1 replaced" in line and "1 could not be regenerated" in line and str(out) in line
+    assert "1 replaced" not in r.stderr  # stderr: progress and notes only
+    assert read_back(out).num_rows == N
+
+
+def test_merge_json_replaces_the_summary_line_on_stdout(cli, setup):
     src, regen, out, _ = setup
     r = cli("merge", src, "--regen", regen, "--out", out, "--json")
     assert r.exit_code == 0, r.stderr
@@ -50,14 +60,14 @@ def test_merge_prints_a_summary_on_stderr_and_json_on_stdout(cli, setup):
     assert summary["rows_in"] == N and summary["replaced"] == 1 and summary["kept"] == 1
     assert summary["dropped"] == 0 and summary["rows_out"] == N
     assert summary["output"] == str(out) and summary["report"] == str(out) + ".merge-report.json"
-    assert "1 replaced" in r.stderr and "1 could not be regenerated" in r.stderr
+    assert "replaced" not in r.stderr
     assert read_back(out).num_rows == N
 
 
 def test_failed_drop_via_the_command_line(cli, setup):
     src, regen, out, ids = setup
     r = cli("merge", src, "--regen", regen, "--out", out, "--failed", "drop", "--quiet")
-    assert r.exit_code == 0 and r.stderr == ""
+    assert r.exit_code == 0 and r.stderr == "" and r.stdout == ""
     assert read_back(out).column("id").to_pylist() == [i for k, i in enumerate(ids) if k != 4]
 
 

@@ -81,3 +81,66 @@ def test_kill_9_mid_merge_leaves_no_complete_looking_output(tmp_path, fmt, name,
 
         assert datasets.load_from_disk(str(out)).num_rows == ROWS
     assert isinstance(back, pa.Table)
+
+
+@pytest.fixture()
+def small(tmp_path):
+    rows = sample_rows(4)
+    ids = [f"c{i}" for i in range(4)]
+    regen = tmp_path / "regen"
+    write_shard(regen / "shards" / "part-a-000000.parquet", [shard_record(1, rows[1][0], ids[1])])
+    return rows, ids, regen
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "parquet-dir", "hf"])
+def test_merged_files_and_folders_get_the_modes_of_a_plain_open_and_mkdir(tmp_path, small, fmt):
+    from merge_helpers import FORMAT_NAMES, OUT_NAMES
+
+    from dqa.regen.merge import merge, report_path
+
+    rows, ids, regen = small
+    src = write_dataset(base_table(rows, ids), tmp_path / FORMAT_NAMES[fmt], fmt)
+    out = tmp_path / OUT_NAMES[fmt]
+    old = os.umask(0o027)
+    try:
+        merge(src, [regen], out)
+    finally:
+        os.umask(old)
+    made = [out, *out.rglob("*"), report_path(out)]
+    for p in made:
+        want = 0o750 if p.is_dir() else 0o640
+        assert p.stat().st_mode & 0o777 == want, (p, oct(p.stat().st_mode & 0o777))
+
+
+def test_a_running_merges_work_folder_is_left_alone_and_a_dead_ones_removed(tmp_path, small):
+    from dqa.regen.merge import merge
+
+    rows, ids, regen = small
+    src = write_dataset(base_table(rows, ids), tmp_path / "data", "parquet-dir")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    live = tmp_path / f".tmp-new.{os.getppid()}.abcd"  # pytest's parent: a process that is running
+    dead = tmp_path / f".tmp-new.{gone.pid}.abcd"
+    for d in (live, dead):
+        (d / "data").mkdir(parents=True)
+        (d / "data" / "part.parquet").write_bytes(b"half")
+    merge(src, [regen], tmp_path / "new")
+    assert live.is_dir() and not dead.exists()
+    assert read_back(tmp_path / "new").num_rows == 4
+
+
+def test_no_report_appears_when_moving_the_merged_dataset_into_place_fails(tmp_path, small, monkeypatch):
+    from dqa.audit import writers
+    from dqa.regen.merge import merge, report_path
+
+    rows, ids, regen = small
+    src = write_dataset(base_table(rows, ids), tmp_path / "data", "parquet-dir")
+
+    def fail(src_dir, dest, *a, **k):
+        raise OSError(28, "No space left on device", str(dest))
+
+    monkeypatch.setattr(writers, "replace_dir", fail)
+    with pytest.raises(OSError):
+        merge(src, [regen], tmp_path / "new")
+    assert not (tmp_path / "new").exists() and not report_path(tmp_path / "new").exists()
+    assert temps(tmp_path / "new") == []

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from dqa.commands.common import handles_errors, stderr_is_tty
+from dqa.commands.common import handles_errors, help_text, stderr_is_tty
 
 
 def merge(
@@ -33,12 +33,12 @@ def merge(
         help="Refuse shards whose prompt tokens are not the dataset row's first prompt_len tokens.",
     ),
     batch_rows: int = typer.Option(2048, help="Rows per streamed batch (memory is bounded by the batch)."),
-    ids_column: Optional[str] = typer.Option(None, help="Token ids column. (default: input_ids)"),
-    mask_column: Optional[str] = typer.Option(None, help="0/1 loss mask column. (default: loss_mask, if present)"),
-    labels_column: Optional[str] = typer.Option(None, help="Labels column (-100 = unsupervised). (default: labels)"),
-    id_column: Optional[str] = typer.Option(None, help="Sample id column. (default: id, if present)"),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line, no progress bar."),
+    ids_column: Optional[str] = typer.Option(None, help="Token ids column (default: the one given to dqa regen, else input_ids)."),
+    mask_column: Optional[str] = typer.Option(None, help="0/1 loss mask column (default: the one given to dqa regen, else loss_mask, if present)."),
+    labels_column: Optional[str] = typer.Option(None, help="Labels column, -100 = unsupervised (default: the one given to dqa regen, else labels)."),
+    id_column: Optional[str] = typer.Option(None, help="Sample id column (default: the one given to dqa regen, else id, if present)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout (instead of the summary line)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line, no notes, no progress bar; exit code only."),
 ) -> None:
     """Merge regenerated samples into a new copy of the dataset.
 
@@ -111,6 +111,12 @@ def _run(dataset, regen, out, failed, force, check_prompts, batch_rows, ids_colu
         if progress is not None:
             progress.stop()
     if not quiet:
+        for note in summary.selection:  # a warning, not the result: stderr
+            if "only failed" in note:
+                print(f"dqa merge: note: {note}", file=sys.stderr)
+    if as_json:
+        sys.stdout.write(json.dumps(summary.as_dict()) + "\n")
+    elif not quiet:
         trunc = f" ({summary.truncated:,} truncated: status length)" if summary.truncated else ""
         fate = ""
         if summary.unregenerated:
@@ -118,25 +124,11 @@ def _run(dataset, regen, out, failed, force, check_prompts, batch_rows, ids_colu
         print(
             f"dqa merge: {summary.rows_in:,} rows in, {summary.replaced:,} replaced{trunc}, "
             f"{summary.unregenerated:,} could not be regenerated{fate}, {summary.rows_out:,} rows out "
-            f"-> {summary.output} (report: {summary.report}) in {summary.elapsed_s:.1f}s",
-            file=sys.stderr,
+            f"-> {summary.output} (report: {summary.report}) in {summary.elapsed_s:.1f}s"
         )
-        for note in summary.selection:
-            if "only failed" in note:
-                print(f"dqa merge: note: {note}", file=sys.stderr)
-    if as_json:
-        sys.stdout.write(json.dumps(summary.as_dict()) + "\n")
     return 0
-
-
-def _help_text(doc: str) -> str:
-    """The docstring with each paragraph on one line, so the terminal wraps it (rich keeps newlines)."""
-    import inspect
-
-    paras = inspect.cleandoc(doc).split("\n\n")
-    return "\n\n".join(" ".join(p.split()) for p in paras)
 
 
 def register(app: typer.Typer) -> None:
     """Add ``dqa merge`` to ``app``."""
-    app.command("merge", help=_help_text(merge.__doc__ or ""))(merge)
+    app.command("merge", help=help_text(merge.__doc__))(merge)
