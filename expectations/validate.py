@@ -295,7 +295,7 @@ def _outcome(r: Any, e: SuiteExpectation, fail_on: str, max_ids: int) -> Expecta
     rows = res.get("unexpected_index_list")
     if rows is None:
         rows = res.get("partial_unexpected_index_list") or []
-    failing = np.asarray([x for x in rows if isinstance(x, (int, np.integer))], dtype=np.int64)
+    failing = _int_rows(rows)
     return ExpectationOutcome(
         expectation=e,
         success=bool(r.success),
@@ -307,6 +307,15 @@ def _outcome(r: Any, e: SuiteExpectation, fail_on: str, max_ids: int) -> Expecta
         failing_rows=failing,
         exception=" ".join(str(exc.get("exception_message") or "").split())[:500] if raised else None,
     )
+
+
+def _int_rows(rows: list[Any]) -> np.ndarray:
+    """The integer row indexes of a GX index list (up to every row of the dataset) as int64.
+    Entries that are not integers (dicts when GX reports index columns) are left out."""
+    arr = np.asarray(rows) if len(rows) else np.zeros(0, np.int64)
+    if arr.ndim == 1 and arr.dtype.kind in "iu":
+        return arr.astype(np.int64, copy=False)
+    return np.asarray([x for x in rows if isinstance(x, (int, np.integer))], dtype=np.int64)  # mixed: rare, small
 
 
 def _fill_ids(outcomes: list[ExpectationOutcome], metrics: pl.DataFrame, id_column: str | None, max_ids: int) -> None:
