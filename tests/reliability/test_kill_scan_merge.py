@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -48,14 +50,67 @@ def run(*args, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dqa.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout)
 
 
-def kill_at(args: list, instant: float) -> int | None:
-    """Start the command, kill -9 it after ``instant`` seconds; None when it finished first, else its exit status."""
-    p = subprocess.Popen([sys.executable, "-m", "dqa.cli", *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(instant)
-    if p.poll() is not None:
-        return None
-    p.send_signal(signal.SIGKILL)
-    return p.wait()
+def start(args: list) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "dqa.cli", *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait_for_work_folder(p: subprocess.Popen, out: Path, timeout: float = 120) -> bool:
+    """Wait until ``p`` has made its work folder beside ``out`` (``.tmp-NAME.PID.*``: it has started
+    writing); False when ``p`` ended first."""
+    prefix = f".tmp-{out.name}.{p.pid}."
+    deadline = time.monotonic() + timeout
+    while p.poll() is None:
+        if any(x.name.startswith(prefix) for x in out.parent.iterdir()):
+            return True
+        assert time.monotonic() < deadline, f"no work folder {prefix}* after {timeout} s"
+        time.sleep(0.005)
+    return False
+
+
+def write_phase(args: list, out: Path) -> tuple[float, float]:
+    """Run the command once; return (seconds until its work folder appeared, seconds from then until it ended)."""
+    p = start(args)
+    t0 = time.perf_counter()
+    assert wait_for_work_folder(p, out), "the command ended without making a work folder"
+    t1 = time.perf_counter()
+    p.wait(300)
+    return t1 - t0, time.perf_counter() - t1
+
+
+def kill_landing(args: list, out: Path, rng: random.Random, before: float, phase: float,
+                 on_finished: Callable[[], None] = lambda: None, tries: int = 6) -> str:
+    """kill -9 the command at a random instant, retrying (sooner each time) until a kill lands before its commit.
+
+    One kill in four falls in start-up (within ``before`` seconds, before any output); the others
+    a random part of ``phase`` after the command's work folder appeared. Where a kill fell is
+    observed, not inferred from the clock: 'writing' when the command's work folder was still
+    there at the kill, 'startup' when it had not appeared yet. A try that ran past its commit
+    (it finished, or its work folder was already renamed into place) calls ``on_finished()`` (to
+    check the output and put ``out`` back as it was) and is retried sooner. Returns 'writing',
+    'startup' or 'missed' (every try ran past its commit).
+    """
+    startup = rng.random() < 0.25
+    share = rng.random()
+    for k in range(tries):
+        inode = out.stat().st_ino if out.exists() else None
+        p = start(args)
+        prefix = f".tmp-{out.name}.{p.pid}."
+        if startup:
+            time.sleep(share * before / 2**k)
+        elif wait_for_work_folder(p, out):
+            time.sleep(share * phase / 2**k)
+        seen = any(x.name.startswith(prefix) for x in out.parent.iterdir())
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            if seen:
+                return "writing"
+            if (out.stat().st_ino if out.exists() else None) == inode:  # nothing renamed into place yet
+                return "startup"
+        else:
+            p.wait()
+        on_finished()
+    return "missed"
 
 
 def scan_state(out: Path) -> str:
@@ -75,17 +130,22 @@ def scan_state(out: Path) -> str:
 def test_kill_9_during_scan_never_leaves_a_partial_scan_folder(tmp_path):
     data = dataset_folder(tmp_path / "data")
     out = tmp_path / "scan"
-    t0 = time.perf_counter()
     ref = run("scan", data, "--out", tmp_path / "reference", "--quiet")
-    full = time.perf_counter() - t0
     assert ref.returncode == 1, ref.stderr
+    before, phase = write_phase(["scan", data, "--out", tmp_path / "timing", "--quiet"], tmp_path / "timing")
     rng = random.Random(5)
-    states, landed = [], 0
+    states, where = [], []
     for k in range(KILLS):
         if k == KILLS // 2:  # from here on an earlier complete scan sits at --out: it must survive or be replaced whole
             assert run("scan", data, "--out", out, "--quiet").returncode == 1
-        if kill_at(["scan", data, "--out", out, "--quiet"], rng.uniform(0.1, full * 1.1)) is not None:
-            landed += 1
+        complete_before = out.exists()
+
+        def finished() -> None:  # a try that ran to the end: its scan is whole; keep the campaign's premise
+            assert scan_state(out) == "complete"
+            if not complete_before:
+                shutil.rmtree(out)
+
+        where.append(kill_landing(["scan", data, "--out", out, "--quiet"], out, rng, before, phase, finished))
         states.append(scan_state(out))
     final = run("scan", data, "--out", out, "--quiet")
     assert final.returncode == 1, final.stderr
@@ -93,8 +153,9 @@ def test_kill_9_during_scan_never_leaves_a_partial_scan_folder(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-scan")], "the rerun left temp folders"
     for name in ("findings.parquet", "metrics.parquet"):
         assert pq.read_table(out / name).equals(pq.read_table(tmp_path / "reference" / name)), name
-    assert landed >= KILLS // 2, f"only {landed} kills landed before the scan finished"
-    print(f"\nscan kill -9: {landed}/{KILLS} landed mid-run (scan takes {full:.1f} s); states after kills: "
+    assert where.count("writing") >= KILLS // 2, f"kills: {where}"
+    print(f"\nscan kill -9: {where.count('writing')} of {KILLS} kills landed while writing, {where.count('startup')} in "
+          f"start-up (start-up {before:.1f} s, writing {phase:.1f} s); states after kills: "
           f"{states.count('absent')} absent, {states.count('complete')} complete (earlier scan kept)")
 
 
@@ -113,25 +174,29 @@ def test_kill_9_during_merge_into_a_shard_folder_never_leaves_a_partial_folder(t
     for k in range(3):
         write_table(regen / "shards" / f"part-s0of1-{k:06d}.parquet", results_table(results[k::3]))
     new = tmp_path / "merged"
+    report = tmp_path / "merged.merge-report.json"
     args = ["merge", data, "--regen", regen, "--out", new, "--batch-rows", "64", "--quiet"]
-    t0 = time.perf_counter()
     ref = run(*args[:5], tmp_path / "reference", *args[6:])
-    full = time.perf_counter() - t0
     assert ref.returncode == 0, ref.stderr
+    before, phase = write_phase([*args[:5], tmp_path / "timing", *args[6:]], tmp_path / "timing")
     r2 = random.Random(6)
-    landed = 0
+    where = []
+
+    def finished() -> None:  # a try that ran to the end: whole, with its report; start over
+        assert sorted(p.name for p in new.iterdir()) == sorted(p.name for p in data.iterdir())
+        assert report.is_file()
+        shutil.rmtree(new)
+        report.unlink()
+
     for _ in range(KILLS):
-        if kill_at(args, r2.uniform(0.1, full * 0.9)) is not None:
-            landed += 1
-        if new.exists():  # a finished earlier run: whole, with its report
-            assert sorted(p.name for p in new.iterdir()) == sorted(p.name for p in data.iterdir())
-            assert (tmp_path / "merged.merge-report.json").is_file()
-            break
-        assert not (tmp_path / "merged.merge-report.json").exists(), "a report without its merged folder"
+        where.append(kill_landing(args, new, r2, before, phase * 0.9, finished))
+        assert not new.exists(), "a killed merge left a dataset at --out"
+        assert not report.exists(), "a report without its merged folder"
     final = run(*args, "--force")
     assert final.returncode == 0, final.stderr
     for p in sorted(data.iterdir()):
         assert pq.read_table(new / p.name).equals(pq.read_table(tmp_path / "reference" / p.name)), p.name
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-merged")], "temp folders left after a clean run"
-    assert landed >= 3, f"only {landed} kills landed before the merge finished"
-    print(f"\nmerge kill -9: {landed} kills landed mid-run (merge takes {full:.1f} s)")
+    assert where.count("writing") >= KILLS // 2, f"kills: {where}"
+    print(f"\nmerge kill -9: {where.count('writing')} of {KILLS} kills landed while writing (start-up {before:.1f} s, "
+          f"writing {phase:.1f} s)")
