@@ -18,7 +18,6 @@ Two tables: a release with a few % defects, and the seed incident (87% 'OK.' ans
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time

@@ -640,21 +640,21 @@ def _gen_units(r: random.Random) -> QA:
         c = r.randint(-30, 45)
         f_ = c * 9 / 5 + 32
         q = r.choice((f"Convert {c}°C to Fahrenheit.", f"What is {c} degrees Celsius in Fahrenheit?"))
-        core = [f"F = C × 9/5 + 32.", f"{c} × 9/5 = {c * 9 / 5:g}.", f"{c * 9 / 5:g} + 32 = {f_:g}."]
+        core = ["F = C × 9/5 + 32.", f"{c} × 9/5 = {c * 9 / 5:g}.", f"{c * 9 / 5:g} + 32 = {f_:g}."]
         answer = f"{c}°C is **{f_:g}°F** (multiply by 9/5, then add 32)."
         short = f"About {round(f_)}°F."
     elif kind == "dist":
         km = r.randint(3, 900)
         mi = km * 0.621371
         q = r.choice((f"How many miles is {km} km?", f"Convert {km} kilometres to miles."))
-        core = [f"One kilometre is 0.621371 miles.", f"Multiply {km} by that factor: about {mi:.2f}."]
+        core = ["One kilometre is 0.621371 miles.", f"Multiply {km} by that factor: about {mi:.2f}."]
         answer = f"{km} km is about **{mi:.1f} miles** (1 km ≈ 0.6214 mi)."
         short = f"About {round(mi)} miles."
     else:
         kg = r.randint(2, 250)
         lb = kg * 2.20462
         q = r.choice((f"What is {kg} kg in pounds?", f"Convert {kg} kilograms to pounds."))
-        core = [f"1 kg ≈ 2.20462 lb.", f"{kg} × 2.20462 ≈ {lb:.2f}."]
+        core = ["1 kg ≈ 2.20462 lb.", f"{kg} × 2.20462 ≈ {lb:.2f}."]
         answer = f"{kg} kg is about **{lb:.1f} lb**, since one kilogram is roughly 2.2046 pounds."
         short = f"About {round(lb)} lb."
     return QA(q, core, answer, short, "math")
@@ -691,7 +691,7 @@ def _gen_trivia(r: random.Random) -> QA:
     if kind == "capital":
         country, capital, water = r.choice(COUNTRIES)
         q = r.choice((f"What is the capital of {country}?", f"Which city is the capital of {country}?", f"Capital of {country}?"))
-        core = [f"{country}: the capital is {capital}, not its biggest or most famous city necessarily.", f"Geography detail worth adding: the river or lake there."]
+        core = [f"{country}: the capital is {capital}, not its biggest or most famous city necessarily.", "Geography detail worth adding: the river or lake there."]
         answer = f"The capital of {country} is **{capital}**. The city lies on or near {water}."
         short = f"{capital}, {country}."
         paraphrases = [f"Tell me the capital city of {country}.", f"{country}'s capital is which city?"]

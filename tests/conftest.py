@@ -11,6 +11,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from chatdata import tokenizer  # noqa: E402
 
+# Session fixtures shared by the validate / gate / report tests (clean_scan, defect_scan).
+pytest_plugins = ["gate_fixtures"]
+
 
 @pytest.fixture(scope="session")
 def qwen_tokenizer():

@@ -1,6 +1,6 @@
 """Session fixtures shared by the validate, gate and report tests: real scans of small sets.
 
-Import the fixtures into a test module (``from gate_fixtures import clean_scan, defect_scan``).
+Registered for every test by ``pytest_plugins`` in conftest.py: request ``clean_scan`` or ``defect_scan`` by name.
 """
 
 from __future__ import annotations

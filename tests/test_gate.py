@@ -10,7 +10,6 @@ import polars as pl
 import pytest
 
 from gate_data import clean_rows, synthetic_metrics, write_set
-from gate_fixtures import N_CLEAN, clean_scan, defect_scan  # noqa: F401  (fixtures)
 
 
 def test_gate_fails_a_release_with_defects(cli, defect_scan, tmp_path, monkeypatch):

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from gate_data import clean_rows, ok_mode_rows, write_set
-from gate_fixtures import clean_scan, defect_scan  # noqa: F401  (fixtures)
 
 PLANTED = "<script>alert('pwned')</script>"
 BAR_RED = (209, 73, 91)  # reports.svg PALETTE[0]: the 'before' bars

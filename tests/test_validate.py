@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 from gate_data import synthetic_metrics
-from gate_fixtures import N_CLEAN, N_OK, clean_scan, defect_scan  # noqa: F401  (fixtures)
+from gate_fixtures import N_CLEAN, N_OK
 
 OK_IDS = [f"s{i}" for i in range(N_CLEAN, N_CLEAN + N_OK)]
 

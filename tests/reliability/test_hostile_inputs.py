@@ -11,7 +11,6 @@ folder's shards and ``run.json`` (merge reads them).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pyarrow as pa

@@ -115,7 +115,7 @@ def test_rows_read_back_identically_in_every_format(case):
         path = write(case, Path(d))
         ds = open_dataset(path)
         assert ds.columns.convention == case["convention"]
-        ids, masks, row_ids, starts = [], [], [], []
+        ids, masks, row_ids = [], [], []
         for b in ds.batches(batch_rows=case["batch_rows"], max_tokens=case["max_tokens"]):
             assert b.start_row == len(ids)
             assert b.ids.dtype == np.int32 and b.mask.dtype == np.uint8
