@@ -28,15 +28,21 @@ for _name in COMMANDS:
         importlib.import_module(f"dqa.commands.{_name}").register(app)
 
 
-@app.callback()
-def _root(
-    version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True),
-) -> None:
-    if version:
+def _print_version(value: bool) -> None:
+    if value:
         from dqa import __version__
 
         typer.echo(f"dqa {__version__}")
         raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", help="Print the version and exit.", is_eager=True, callback=_print_version
+    ),
+) -> None:
+    """Options that apply before any command."""
 
 
 def main() -> None:
