@@ -25,7 +25,11 @@ def build_tiny_qwen3(out: str | Path, seed: int = 0) -> Path:
     out = Path(out)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
-    import torch
+    try:
+        import torch
+    except ModuleNotFoundError:
+        raise RuntimeError("torch is not installed: pip install -e '.[serve]' (CPU torch 2.13.0 and "
+                           "transformers serve; see README, Install)") from None
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
     from dqa.tokenizer_files import qwen3_tokenizer_dir
@@ -65,4 +69,8 @@ def build_tiny_qwen3(out: str | Path, seed: int = 0) -> Path:
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python examples/tiny_model.py OUT_DIR")
-    print(build_tiny_qwen3(sys.argv[1]))
+    try:
+        print(build_tiny_qwen3(sys.argv[1]))
+    except RuntimeError as exc:
+        print(f"tiny_model: {exc}", file=sys.stderr)
+        sys.exit(2)
