@@ -8,7 +8,9 @@ prompt tokens and ``chat_template_kwargs: {"enable_thinking": true}``; the
 reply (``reasoning_content`` + ``content``) is rendered back into tokens with
 the tokenizer's chat template, and the rendered prompt part must equal the
 prompt tokens. The output tokens are a text round trip, so whitespace the
-server trimmed is lost; use ``sglang`` for token-exact output.
+server trimmed is lost; use ``sglang`` for token-exact output. Output token
+counts everywhere are the rendered tokens that go into the shard, not the
+reply's ``usage``.
 
 A call returns an ``Outcome``; it never raises for server behaviour. The
 ``kind`` says what the dispatcher does next (see SGLANG.md, client rules):
@@ -50,7 +52,6 @@ class Outcome:
     error: str | None = None
     endpoint_fault: bool = False
     refused: bool = False
-    completion_tokens: int = 0
 
 
 @dataclass
@@ -174,7 +175,7 @@ class SglangProtocol:
         if ids.ndim != 1:
             return Outcome(FAIL, finish_reason=ftype, error="output_ids are not a flat list")
         kind = LENGTH if ftype == "length" else OK
-        return Outcome(kind, output_ids=ids, finish_reason=ftype, completion_tokens=int(ids.size))
+        return Outcome(kind, output_ids=ids, finish_reason=ftype)
 
 
 class OpenAIProtocol:
@@ -252,11 +253,9 @@ class OpenAIProtocol:
         except ValueError as exc:
             return Outcome(FAIL, finish_reason=finish, error=f"row {job.row}: {exc}")
         kind = LENGTH if finish == "length" else OK
-        # What the server generated (its usage), for throughput figures; the rendered ids may differ in length.
-        usage = obj.get("usage") if isinstance(obj, dict) else None
-        generated = usage.get("completion_tokens") if isinstance(usage, dict) else None
-        n = int(generated) if isinstance(generated, int) and generated >= 0 else int(ids.size)
-        return Outcome(kind, output_ids=ids, finish_reason=finish or "stop", completion_tokens=n)
+        # The rendered ids are what the shard records; every figure (live display, progress.json,
+        # report) counts them, not the server's `usage` (which may count differently).
+        return Outcome(kind, output_ids=ids, finish_reason=finish or "stop")
 
     def render_output(self, job: Job, content: str, reasoning: str | None, finish: str) -> np.ndarray:
         """Render prompt messages + the reply with the chat template; return the tokens after the prompt.

@@ -361,8 +361,8 @@ class Dispatcher:
 
     def _record(self, job: Job, ep: Endpoint, outcome: Outcome, latency: float) -> None:
         status = STATUS[outcome.kind]
-        # Throughput counts what the server generated (openai: its usage; sglang: the output ids).
-        n = outcome.completion_tokens or int(outcome.output_ids.size)
+        # Every figure counts the output tokens the shard records (openai: the rendered reply, not `usage`).
+        n = int(outcome.output_ids.size)
         r = Result(
             job.row, job.sample_id, job.prompt, outcome.output_ids, status, outcome.finish_reason, None,
             ep.name, job.attempts, latency, self.protocol.model or self.model, self._sampling_for(ep, job), job.seed, time.time(),

@@ -1,8 +1,12 @@
 """Live figures of a regen run: counts, rates, ETA, cost; ``progress.json`` and the terminal display.
 
-Rates come from measured counts over a sliding window (last 60 s) of this
-session; ``done``/``ok``/... include rows finished by earlier sessions of the
-same output folder, and ``elapsed_s``/``cost_so_far`` add up all sessions.
+While a session runs (``running``/``draining``), rates come from measured counts over a sliding
+window (last 60 s) of this session. Once it stops (``finished``/``interrupted``/``failed``) they
+are the run's mean rates over its working time: ``done / elapsed_s`` and ``output tokens /
+elapsed_s``, so a finished run keeps real figures. ``done``/``ok``/... include rows finished by
+earlier sessions of the same output folder, and ``elapsed_s``/``cost_so_far`` add up the time
+each session worked (idle time between sessions is not counted; a rerun with nothing left to
+do adds none). Tokens are always the output tokens recorded in the shards (``output_tokens``).
 """
 
 from __future__ import annotations
@@ -13,9 +17,47 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+import numpy as np
+
 from dqa.formatting import human_duration
 
 WINDOW_S = 60.0
+GAP_S = 60.0  # no request in flight for this long: the run was not working (between sessions, fleet down)
+LIVE_STATES = ("running", "draining")
+
+
+def work_spans(completed_at: np.ndarray, latency_s: np.ndarray | None = None, min_gap_s: float = GAP_S) -> list[tuple[int, int, float]]:
+    """Split a run's completions into stretches of work, from the shards' ``completed_at`` (epoch s)
+    and ``latency_s``.
+
+    Each row had a request in flight over ``[completed_at - latency_s, completed_at]``; a stretch
+    of ``min_gap_s`` or more covered by no such interval (between two sessions of the run, or while
+    the whole fleet was down) separates two spans. ``completed_at`` must be sorted. Returns
+    ``(start index, end index, first request time)`` per span (indexes into the sorted rows, end
+    exclusive). Without ``latency_s`` the whole run is one span.
+    """
+    t = np.asarray(completed_at, dtype=np.float64)
+    n = t.size
+    if n == 0:
+        return []
+    if latency_s is None:
+        return [(0, n, float(t[0]))]
+    lat = np.nan_to_num(np.asarray(latency_s, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    start = t - np.maximum(lat, 0.0)
+    later = np.minimum.accumulate(start[::-1])[::-1]  # earliest request start among rows i.. (completing at or after t[i])
+    cuts = (np.flatnonzero(later[1:] - t[:-1] >= min_gap_s) + 1).tolist()
+    bounds = [0, *cuts, n]
+    return [(a, b, float(min(start[a:b].min(), t[a]))) for a, b in zip(bounds, bounds[1:])]
+
+
+def active_seconds(completed_at: np.ndarray, latency_s: np.ndarray | None = None, min_gap_s: float = GAP_S) -> float:
+    """Seconds a run worked according to its shards: the spans of ``work_spans`` from the first
+    request to the last completion, idle gaps left out."""
+    t = np.sort(np.asarray(completed_at, dtype=np.float64))
+    if latency_s is not None:
+        order = np.argsort(np.asarray(completed_at, dtype=np.float64), kind="stable")
+        latency_s = np.asarray(latency_s, dtype=np.float64)[order]
+    return float(sum(t[b - 1] - first for _, b, first in work_spans(t, latency_s, min_gap_s)))
 
 
 @dataclass
@@ -34,7 +76,8 @@ class Progress:
     total: int
     gpus: int = 1
     gpu_hour_cost: float = 0.0
-    prior_elapsed_s: float = 0.0
+    prior_elapsed_s: float = 0.0  # working time of earlier sessions (their progress.json elapsed_s)
+    counting: bool = True  # False: this session has nothing to do, and adds no time (a rerun of a finished run)
     done: int = 0
     ok: int = 0
     failed: int = 0
@@ -46,7 +89,20 @@ class Progress:
     state: str = "running"
     endpoints: dict[str, EndpointCounts] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
+    stopped: float | None = None  # when this session stopped working (``stop()``)
     _samples: deque = field(default_factory=deque)
+
+    def stop(self) -> None:
+        """The session's work is over: its time stops counting (final flush and uploads are not work)."""
+        if self.stopped is None:
+            self.stopped = time.monotonic()
+
+    def elapsed(self, now: float | None = None) -> float:
+        """Working seconds of all sessions so far."""
+        if not self.counting:
+            return self.prior_elapsed_s
+        end = self.stopped if self.stopped is not None else (time.monotonic() if now is None else now)
+        return self.prior_elapsed_s + max(0.0, end - self.started)
 
     def add_prior(self, ok: int, failed: int, truncated: int, output_tokens: int) -> None:
         """Count rows finished by earlier sessions."""
@@ -81,8 +137,12 @@ class Progress:
 
     def snapshot(self) -> dict[str, Any]:
         now = time.monotonic()
-        req_s, tok_s = self._rates(now)
-        elapsed = self.prior_elapsed_s + (now - self.started)
+        elapsed = round(self.elapsed(now), 3)  # as written: a rerun that adds no time reproduces the rates exactly
+        if self.state in LIVE_STATES:
+            req_s, tok_s = self._rates(now)
+        else:  # stopped: the run's mean rates over the time it worked
+            req_s = self.done / elapsed if elapsed > 0 else 0.0
+            tok_s = self.output_tokens / elapsed if elapsed > 0 else 0.0
         remaining = max(self.total - self.done, 0)
         eta = remaining / req_s if req_s > 0 else None
         rate = self.gpus * self.gpu_hour_cost / 3600.0
@@ -97,7 +157,7 @@ class Progress:
             "failed": self.failed,
             "truncated": self.truncated,
             "in_flight": self.in_flight,
-            "elapsed_s": round(elapsed, 3),
+            "elapsed_s": elapsed,
             "req_per_s": round(req_s, 3),
             "output_tok_per_s": round(tok_s, 1),
             "mean_output_tokens": round(mean_out, 1),

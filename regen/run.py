@@ -1,8 +1,11 @@
 """``regenerate(config)``: the whole ``dqa regen`` run, callable in-process (CLI, ``dqa plan --calibrate``, benchmarks).
 
-Order of work: check options and the fleet, open the dataset and the template,
-select rows, lock and check the output folder (refuse one made for another
-dataset, selection or sampling), recover it after any crash, then dispatch the
+Order of work: check options, the fleet file and the output folder (a folder
+that dqa regen did not make, or one that cannot be written, is refused at
+once), open the dataset, select rows, open the template, lock and check the
+output folder (refuse one made for another dataset, selection or sampling),
+and only then load the chat-template tokenizer (``--protocol openai``: slow)
+and contact the servers; recover the folder after any crash, dispatch the
 rows not yet recorded, journaling each finished row, and finally compact the
 journal into shards and write ``progress.json``.
 """
@@ -15,6 +18,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -152,25 +156,110 @@ def _locked(folder: Path):
 OWN_NAMES = {".lock", "run.json", "progress.json", "shards", "journal"}
 
 
-def _check_identity(run_json: Path, identity: dict[str, Any]) -> None:
-    """Refuse (``InputError``, exit 2) to resume into a folder made for another dataset, selection or
-    sampling, or to write into a non-empty folder that dqa regen did not make."""
-    if not run_json.is_file():
-        folder = run_json.parent
-        other = sorted(p.name for p in folder.iterdir() if p.name not in OWN_NAMES and not p.name.startswith(".tmp-")) if folder.is_dir() else []
+def _check_out_folder(folder: Path) -> None:
+    """Refuse (``InputError``, exit 2) an ``--out`` that is a file, that cannot be created or written,
+    or a non-empty folder that dqa regen did not make. Creates nothing (a probe folder is made and
+    removed at once), so it runs before any input is opened."""
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"{folder}: not a folder; give --out a new or existing folder")
+    if folder.is_dir() and not (folder / "run.json").is_file():
+        try:
+            names = [p.name for p in folder.iterdir()]
+        except OSError as exc:
+            raise InputError(f"{folder}: cannot list this folder ({exc.strerror or exc}); use another --out") from None
+        other = sorted(n for n in names if n not in OWN_NAMES and not n.startswith(".tmp-"))
         if other:
             raise InputError(f"{folder}: not empty and not a dqa regen output folder (holds {other[0]!r}); use a new --out")
+    base = folder
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise InputError(f"{folder}: cannot be created ({base} is not a folder); use another --out")
+    try:  # a real write, not os.access: root passes access checks on read-only file systems
+        os.rmdir(tempfile.mkdtemp(prefix=".tmp-dqa-probe-", dir=base))
+    except OSError as exc:
+        what = "not writable" if base == folder else f"cannot be created in {base}"
+        raise InputError(f"{folder}: {what} ({exc.strerror or exc}); use another --out") from None
+
+
+def _check_identity(run_json: Path, identity: dict[str, Any], keys: tuple[str, ...] = ("dataset", "selection", "sampling")) -> None:
+    """Refuse (``InputError``, exit 2) to resume into a folder made for another dataset, selection or
+    sampling (the parts of ``identity`` named by ``keys``), or to write into a non-empty folder that
+    dqa regen did not make."""
+    if not run_json.is_file():
+        _check_out_folder(run_json.parent)
         return
     try:
         old = json.loads(run_json.read_text()).get("identity", {})
     except (OSError, ValueError):
         raise InputError(f"{run_json}: unreadable; this folder was not made by dqa regen (use another --out)") from None
-    for key in ("dataset", "selection", "sampling"):
+    for key in keys:
         if old.get(key) != identity[key]:
             raise InputError(
                 f"{run_json.parent}: made for a different {key} ({json.dumps(old.get(key), sort_keys=True)[:160]}); "
                 f"use another --out, or rerun with the original options to resume"
             )
+
+
+def _make_protocol(protocol_name: str, spec, sampling: Sampling, model: str):
+    """The request protocol; ``openai`` loads the chat-template tokenizer (transformers: seconds)."""
+    if protocol_name != "openai":
+        return SglangProtocol(sampling, model)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(spec.tokenizer_dir))
+    if not getattr(tok, "chat_template", None):
+        raise InputError(f"{spec.tokenizer_dir}: tokenizer has no chat template; --protocol openai needs one")
+    return OpenAIProtocol(sampling, tok, spec.turn_start, spec.eot, model)
+
+
+def _read_prior(path: Path) -> dict[str, Any]:
+    """The progress.json of earlier sessions ({} when missing or unreadable)."""
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def _prior_working_time(prior: dict[str, Any], out: Path) -> float:
+    """Seconds earlier sessions worked: their progress.json ``elapsed_s``; without one (deleted, or
+    never copied to an object store), estimated from the shards' ``completed_at`` and ``latency_s``."""
+    try:
+        elapsed = float(prior.get("elapsed_s") or 0.0)
+    except (TypeError, ValueError):
+        elapsed = 0.0
+    if elapsed > 0:
+        return elapsed
+    import pyarrow.parquet as pq
+
+    from dqa.regen.progress import active_seconds
+
+    done_at, latency = [], []
+    for p in list_shards(out):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            t = pq.read_table(p, columns=["completed_at", "latency_s"])
+            done_at.append(t.column("completed_at").cast("int64").to_numpy(zero_copy_only=False) / 1e6)
+            latency.append(t.column("latency_s").to_numpy(zero_copy_only=False))
+    if not done_at:
+        return 0.0
+    return active_seconds(np.concatenate(done_at), np.concatenate(latency))
+
+
+def _keep_endpoint_counts(progress: Progress, prior: dict[str, Any]) -> None:
+    """A rerun with nothing to do keeps the per-endpoint counts the run finished with."""
+    from dqa.regen.progress import EndpointCounts
+
+    eps = prior.get("endpoints")
+    if not isinstance(eps, dict):
+        return
+    for url, e in eps.items():
+        if isinstance(e, dict):
+            with contextlib.suppress(TypeError, ValueError):
+                progress.endpoints[str(url)] = EndpointCounts(
+                    healthy=False, done=int(e.get("done") or 0), failed=int(e.get("failed") or 0),
+                    output_tokens=int(e.get("output_tokens") or 0),
+                )
 
 
 def _default_log(msg: str) -> None:
@@ -239,17 +328,19 @@ def _regenerate(config: RegenConfig) -> RunResult:
         headers["Authorization"] = f"Bearer {key}"
     gpus = c.gpus if c.gpus is not None else (fleet.gpu_count if fleet else len(urls))
     shard = parse_shard(c.shard)
+    remote = is_url(c.out)
+    if not remote:  # a bad --out is refused before any input is read or any tokenizer loaded
+        _check_out_folder(local_path(c.out))
 
-    # --- dataset, template, selection ----------------------------------------------------
+    # --- dataset, selection, template ----------------------------------------------------
     ds = open_dataset(c.dataset, c.ids_column, c.mask_column, c.labels_column, c.id_column)
-    spec = load_template(c.tokenizer, decode=protocol_name == "openai")
     num_rows = _count_rows(ds)
     # Resolved: run.json records it for `dqa merge`, which may run from another directory.
     findings = (Path(c.findings) if c.findings else default_findings(ds.name)).resolve()
     rows_all = selected_rows(num_rows, findings if c.failed_only else None, c.failed_only, c.reasons)
     rows = narrow(rows_all, shard, c.limit)
     sampling = Sampling(c.temperature, c.top_p, c.top_k, c.max_new_tokens)
-    identity = {
+    identity: dict[str, Any] = {
         "dataset": _dataset_identity(ds, num_rows),
         "selection": {
             "failed_only": c.failed_only,
@@ -257,23 +348,15 @@ def _regenerate(config: RegenConfig) -> RunResult:
             "rows_sha256": selection_digest(rows_all),
             "shard": f"{shard[0]}/{shard[1]}",
         },
-        "sampling": {**sampling.as_dict(), "seed_base": c.seed_base, "template": list(spec.assistant_header)},
     }
-
-    if protocol_name == "openai":
-        if spec.tokenizer_dir is None:
-            raise UsageError("--protocol openai renders replies with the chat template: give --tokenizer PATH (a folder with tokenizer.json)")
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(str(spec.tokenizer_dir))
-        if not getattr(tok, "chat_template", None):
-            raise InputError(f"{spec.tokenizer_dir}: tokenizer has no chat template; --protocol openai needs one")
-        protocol = OpenAIProtocol(sampling, tok, spec.turn_start, spec.eot, model)
-    else:
-        protocol = SglangProtocol(sampling, model)
+    if not remote:  # a folder made for another dataset or selection: refused before the template is read
+        _check_identity(local_path(c.out) / "run.json", identity, ("dataset", "selection"))
+    spec = load_template(c.tokenizer, decode=protocol_name == "openai")
+    identity["sampling"] = {**sampling.as_dict(), "seed_base": c.seed_base, "template": list(spec.assistant_header)}
+    if protocol_name == "openai" and spec.tokenizer_dir is None:
+        raise UsageError("--protocol openai renders replies with the chat template: give --tokenizer PATH (a folder with tokenizer.json)")
 
     # --- output folder -------------------------------------------------------------------
-    remote = is_url(c.out)
     out = stage_dir(c.out) if remote else local_path(c.out)
     targets = ([Target(c.out)] if remote else []) + [Target(m) for m in c.mirror]
     shard_tag = f"s{shard[0]}of{shard[1]}"
@@ -285,12 +368,16 @@ def _regenerate(config: RegenConfig) -> RunResult:
             if not (out / "run.json").is_file() and targets[0].exists("run.json"):
                 targets[0].get("run.json", out / "run.json")
             _check_identity(out / "run.json", identity)
+            if not (out / "progress.json").is_file() and (out / "run.json").is_file() and targets[0].exists("progress.json"):
+                targets[0].get("progress.json", out / "progress.json")  # earlier sessions' working time
             (out / "shards").mkdir(parents=True, exist_ok=True)
             pulled = pull_shards(targets[0], out)
             if pulled:
                 log(f"pulled {pulled} shards from {c.out}")
         else:
             _check_identity(out / "run.json", identity)
+        # Every input and the folder are checked: now the (slow) chat-template tokenizer.
+        protocol = _make_protocol(protocol_name, spec, sampling, model)
         rec = recover(out, retry_failed=c.retry_failed)
         if rec.torn_bytes or rec.recovered_records or rec.dropped_duplicates:
             log(
@@ -325,10 +412,13 @@ def _regenerate(config: RegenConfig) -> RunResult:
         done_mask = np.isin(rows, rec.rows)
         todo = rows[~done_mask]
         progress = Progress(total=int(rows.size), gpus=gpus, gpu_hour_cost=c.gpu_hour_cost)
+        progress.counting = bool(todo.size)  # a rerun with nothing left to do adds no working time
         if rec.rows.size:
             progress.add_prior(*rec.tally(rows))  # this selection's rows only (a smaller --limit than before)
-            with contextlib.suppress(OSError, ValueError, TypeError):
-                progress.prior_elapsed_s = float(json.loads((out / "progress.json").read_text()).get("elapsed_s") or 0.0)
+            prior = _read_prior(out / "progress.json")
+            progress.prior_elapsed_s = _prior_working_time(prior, out)
+            if not todo.size:
+                _keep_endpoint_counts(progress, prior)
 
         journal = Journal(out, shard_tag, rec.next_seq, c.shard_rows, c.shard_seconds, c.commit_interval, on_shard=uploader.submit)
         settings = DispatchSettings(
@@ -416,6 +506,7 @@ async def _drive(dispatcher: Dispatcher, progress: Progress, out: Path, c: Regen
     reporter = loop.create_task(report())
     try:
         state = await dispatcher.run()
+        progress.stop()  # working time ends here; the final flush and uploads are not work
         progress.state = state
         return state
     finally:

@@ -8,8 +8,9 @@ ids, paths) is untrusted and goes through ``html.escape``.
 Sections: headline figures; supervised tokens per sample before and after (the scan, and a
 scan of the new release with ``after_dir`` or else the regenerated rows' output tokens);
 the findings table; the top degenerate templates (decoded); regen throughput over time
-(from the shards' ``completed_at`` and ``output_tokens``) and progress; expectation results
-and the gate verdict.
+(from the shards' ``completed_at`` and ``output_tokens``; stretches when no request was in
+flight, such as the time between an interrupted run and its resume, are left as gaps, not
+drawn as zero) and progress; expectation results and the gate verdict.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import polars as pl
 from dqa import atomic
 from dqa.errors import InputError
 from dqa.formatting import human_count, human_duration
+from dqa.regen.progress import GAP_S, LIVE_STATES, work_spans
 from dqa.reports.svg import Series, esc, grouped_bars, line_chart
 
 TEMPLATE_TEXT_MAX = 600
@@ -78,12 +80,13 @@ def find_validation(scan_dir: Path) -> Path | None:
 
 
 def read_shards(regen_dir: Path) -> pl.DataFrame:
-    """``completed_at``, ``output_tokens`` and ``status`` of every completed shard of a regen run."""
+    """``completed_at``, ``output_tokens``, ``status`` and ``latency_s`` of every completed shard of a regen run."""
     folder = regen_dir / "shards"
     files = sorted(p for p in folder.glob("*.parquet") if not p.name.startswith("."))
-    cols = ["completed_at", "output_tokens", "status"]
+    cols = ["completed_at", "output_tokens", "status", "latency_s"]
     if not files:
-        return pl.DataFrame(schema={"completed_at": pl.Datetime("us", "UTC"), "output_tokens": pl.Int64, "status": pl.String})
+        return pl.DataFrame(schema={"completed_at": pl.Datetime("us", "UTC"), "output_tokens": pl.Int64, "status": pl.String,
+                                    "latency_s": pl.Float64})
     try:
         return pl.concat([pl.read_parquet(f, columns=cols) for f in files], how="vertical_relaxed")
     except Exception as exc:
@@ -131,6 +134,11 @@ def load_inputs(
     return inputs
 
 
+def log2_edges(nbins: int) -> list[str]:
+    """Axis labels at the boundaries of ``log2_bins``' bins: 0, 1, 2, 4, 8, ... (``nbins + 1`` labels)."""
+    return ["0"] + [human_count(2 ** (k - 1), trim=True) for k in range(1, nbins + 1)]
+
+
 def log2_bins(*arrays: np.ndarray) -> tuple[list[str], list[np.ndarray]]:
     """Shared power-of-two bins (0, 1, 2-3, 4-7, ...) and each array's share of rows (%) per bin."""
     top = max((int(a.max()) if len(a) else 0) for a in arrays)
@@ -150,21 +158,82 @@ def log2_bins(*arrays: np.ndarray) -> tuple[list[str], list[np.ndarray]]:
     return labels, shares
 
 
-def throughput(shards: pl.DataFrame, buckets: int = THROUGHPUT_BUCKETS) -> tuple[list[float], list[float], list[float], float]:
-    """Bucket shard rows by ``completed_at``: ``(seconds since start, output tok/s, completed rows cumulative, bucket width s)``."""
+def _work(shards: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, float]]]:
+    """Completion times (epoch s, sorted), output tokens in that order, and the stretches of work
+    (``dqa.regen.progress.work_spans``: split where no request was in flight for ``GAP_S``)."""
+    t = shards["completed_at"].dt.epoch("us").to_numpy().astype(np.float64) / 1e6
+    order = np.argsort(t, kind="stable")
+    tok = shards["output_tokens"].fill_null(0).to_numpy().astype(np.float64)[order]
+    lat = None
+    if "latency_s" in shards.columns:
+        lat = shards["latency_s"].fill_null(0.0).to_numpy().astype(np.float64)[order]
+    t = t[order]
+    return t, tok, work_spans(t, lat)
+
+
+def throughput(shards: pl.DataFrame, buckets: int = THROUGHPUT_BUCKETS) -> tuple[list, list, list, float]:
+    """Bucket shard rows by ``completed_at``: ``(seconds since the first completion, output tok/s,
+    completed rows cumulative, bucket width s)``.
+
+    Each stretch of work is bucketed on its own, all with one width (the working time over
+    ``buckets``); between two stretches (an idle gap: no request in flight for ``GAP_S`` or more,
+    e.g. between an interrupted run and its resume) all three lists hold one ``None``, so the
+    chart breaks its line there instead of drawing zero throughput.
+    """
     if shards.height == 0:
         return [], [], [], 0.0
-    t = shards["completed_at"].dt.epoch("us").to_numpy().astype(np.float64) / 1e6
-    tok = shards["output_tokens"].fill_null(0).to_numpy().astype(np.float64)
-    t0, span = float(t.min()), float(t.max() - t.min())
-    width = max(0.01, span / buckets)
-    # The last completion closes the last bucket instead of opening a near-empty one.
-    n = max(1, int(math.ceil(span / width)))
-    idx = np.minimum(((t - t0) / width).astype(np.int64), n - 1)
-    tok_per_s = np.bincount(idx, weights=tok, minlength=n) / width
-    done = np.cumsum(np.bincount(idx, minlength=n))
-    xs = [(i + 0.5) * width for i in range(n)]
-    return xs, tok_per_s.tolist(), done.astype(float).tolist(), width
+    t, tok, spans = _work(shards)
+    t0 = float(t[0])
+    width = max(0.01, sum(float(t[b - 1] - t[a]) for a, b, _ in spans) / buckets)
+    xs: list = []
+    tps: list = []
+    done: list = []
+    total = 0
+    for k, (a, b, _) in enumerate(spans):
+        if k:
+            xs.append(None)
+            tps.append(None)
+            done.append(None)
+        ts, start = t[a:b], float(t[a])
+        # The last completion closes the span's last bucket instead of opening a near-empty one.
+        n = max(1, int(math.ceil(float(ts[-1] - start) / width)))
+        idx = np.minimum(((ts - start) / width).astype(np.int64), n - 1)
+        tps += (np.bincount(idx, weights=tok[a:b], minlength=n) / width).tolist()
+        cum = total + np.cumsum(np.bincount(idx, minlength=n))
+        total = int(cum[-1])
+        done += cum.astype(float).tolist()
+        xs += [start - t0 + (i + 0.5) * width for i in range(n)]
+    return xs, tps, done, width
+
+
+def idle_gaps(shards: pl.DataFrame) -> list[tuple[float, float]]:
+    """The idle gaps between stretches of work, as ``(from, to)`` seconds since the first
+    completion: from a stretch's last completion to the next one's first request."""
+    if shards.height == 0:
+        return []
+    t, _, spans = _work(shards)
+    t0 = float(t[0])
+    return [(float(t[b - 1]) - t0, first - t0) for (_, b, _), (_, _, first) in zip(spans, spans[1:])]
+
+
+def run_rates(p: dict[str, Any]) -> tuple[Any, Any]:
+    """``(requests/s, output tok/s)`` to show for a progress.json. A stopped run's are its mean rates
+    over its working time; a progress.json written by an older dqa may hold 0 there (the rate of
+    its last minute, or of a rerun with nothing to do), so they are worked out again from
+    ``done``, ``mean_output_tokens`` and ``elapsed_s``."""
+    req, tok = p.get("req_per_s"), p.get("output_tok_per_s")
+    if p.get("state") in LIVE_STATES or req:
+        return req, tok
+    try:
+        elapsed = float(p.get("elapsed_s") or 0.0)
+        done = int(p.get("done") or 0)
+        generated = int(p.get("ok") or 0) + int(p.get("truncated") or 0)
+        mean_out = float(p.get("mean_output_tokens") or 0.0)
+    except (TypeError, ValueError):
+        return req, tok
+    if elapsed <= 0 or done <= 0:
+        return req, tok
+    return round(done / elapsed, 3), round(mean_out * generated / elapsed, 1)
 
 
 def _num(v: Any) -> str:
@@ -175,6 +244,11 @@ def _num(v: Any) -> str:
 
 def _pct(v: float) -> str:
     return f"{100 * v:.2f}%"
+
+
+def _id(value: Any) -> str:
+    """A sample id that never wraps inside itself (``sample-00012`` stays on one line)."""
+    return f'<span class="id">{esc(value)}</span>'
 
 
 def _kv_table(rows: list[tuple[str, str]]) -> str:
@@ -201,7 +275,8 @@ def _section_histogram(inp: ReportInputs) -> str:
     series = [Series("before (scan)", shares[0].tolist())]
     if inp.after_tokens is not None:
         series.append(Series(inp.after_label or "after", shares[1].tolist()))
-    svg = grouped_bars("Supervised tokens per sample", labels, series, "% of samples", "supervised tokens (power-of-two bins)", percent=True)
+    svg = grouped_bars("Supervised tokens per sample", labels, series, "% of samples", "supervised tokens (power-of-two bins)", percent=True,
+                       edge_labels=log2_edges(len(labels)))
     d = inp.summary.get("supervised_tokens_distribution", {})
     stats = ", ".join(f"{k} {_num(d[k])}" for k in ("mean", "p10", "p50", "p90", "max") if k in d)
     note = f'<p class="note">Before: {len(inp.before_tokens):,} samples; {stats}.'
@@ -227,7 +302,7 @@ def _section_findings(inp: ReportInputs) -> str:
     # Root cause first, as in the terminal table: the samples a check explains best, then all it flags.
     for name, c in sorted(checks.items(), key=lambda kv: (-int(kv[1].get("primary", 0)), -int(kv[1].get("count", 0)), kv[0])):
         cls = "bad" if c.get("count") else "ok"
-        sample = ", ".join(esc(i) for i in ids.get(name, []))
+        sample = ", ".join(_id(i) for i in ids.get(name, []))
         # summary.json checks carry a short label and the full "flags when" sentence (FORMATS.md).
         label, flags_when = str(c.get("label") or ""), str(c.get("flags_when") or "")
         rows.append(
@@ -259,23 +334,33 @@ def _section_regen(inp: ReportInputs) -> str:
     parts = ["<section><h2>Regeneration</h2>"]
     p = inp.progress
     if p:
+        req, tok = run_rates(p)
+        # A stopped run shows its mean rates over the time it worked; a running one its last minute's.
+        over = ' <span class="note">(last minute)</span>' if p.get("state") in LIVE_STATES else ' <span class="note">(mean over working time)</span>'
         parts.append(_kv_table([
             ("state", esc(p.get("state", ""))),
             ("done", f"{_num(p.get('done'))} of {_num(p.get('total'))}"),
             ("ok / failed / truncated", f"{_num(p.get('ok'))} / {_num(p.get('failed'))} / {_num(p.get('truncated'))}"),
-            ("output tok/s", _num(p.get("output_tok_per_s"))),
-            ("requests/s", _num(p.get("req_per_s"))),
+            ("output tok/s", _num(tok) + over),
+            ("requests/s", _num(req) + over),
             ("mean output tokens", _num(p.get("mean_output_tokens"))),
-            ("elapsed", esc(human_duration(float(p.get("elapsed_s") or 0.0)))),
+            ("working time (all runs)", esc(human_duration(float(p.get("elapsed_s") or 0.0)))),
             ("cost so far / projected", f"{_num(p.get('cost_so_far'))} / {_num(p.get('cost_projected'))}"),
         ]))
     sh = inp.shards
     if sh is not None and sh.height:
         xs, tps, done, width = throughput(sh)
+        gaps = idle_gaps(sh)
         parts.append(line_chart(f"Output tokens per second (buckets of {human_duration(width)})", xs, [Series("output tok/s", tps, "#2e86ab")],
-                                "tokens / s", "time since the first completion", x_fmt=human_duration, x_min=0.0))
+                                "tokens / s", "time since the first completion", x_fmt=human_duration, x_min=0.0, gaps=gaps,
+                                gap_label="idle"))
         parts.append(line_chart("Completed samples", xs, [Series("completed (cumulative)", done, "#66a182")],
-                                "samples", "time since the first completion", x_fmt=human_duration, x_min=0.0))
+                                "samples", "time since the first completion", x_fmt=human_duration, x_min=0.0, gaps=gaps,
+                                gap_label="idle"))
+        if gaps:
+            parts.append(f'<p class="note">Shaded: {len(gaps)} idle gap{"s" if len(gaps) > 1 else ""} of '
+                         f'{esc(human_duration(sum(b - a for a, b in gaps)))} in all, when no request was in flight for '
+                         f'{esc(human_duration(GAP_S))} or more (between runs, or while the whole fleet was down); not drawn as zero.</p>')
         status = sh.group_by("status").len().sort("len", descending=True)
         parts.append('<p class="note">Shard rows: ' + ", ".join(f"{esc(s)} {n:,}" for s, n in status.iter_rows()) + "</p>")
     else:
@@ -304,7 +389,7 @@ def _section_validation(inp: ReportInputs) -> str:
                  f'{st.get("warnings", 0)} warnings, {st.get("errors", 0)} errors)</p>')
     rows = []
     for e in v.get("expectations", []):
-        ids = ", ".join(esc(i) for i in (e.get("failing_ids") or [])[:IDS_PER_CHECK]) if e["status"] != "pass" else ""
+        ids = ", ".join(_id(i) for i in (e.get("failing_ids") or [])[:IDS_PER_CHECK]) if e["status"] != "pass" else ""
         rows.append(
             f'<tr class="{esc(e["status"])}"><td>{esc(e["status"])}</td><td>{esc(e["severity"])}</td><td><code>{esc(e["title"])}</code>'
             f'<div class="why">{esc(e.get("why", ""))}</div></td><td>{esc(describe_kwargs(e["kwargs"]))}</td>'
@@ -336,10 +421,12 @@ tr.ok td:first-child,tr.pass td:first-child{border-left:4px solid #66a182}tr.war
 tr.error td:first-child{border-left:4px solid #8d6a9f}
 pre.tpl{margin:0;white-space:pre-wrap;word-break:break-word;font:12px/1.4 ui-monospace,Menlo,Consolas,monospace;background:#f7f7f9;padding:4px}
 code{font:12px ui-monospace,Menlo,Consolas,monospace}.why{color:#5b6475;font-size:12px}.note{color:#5b6475}
+.id{white-space:nowrap}
 .verdict{font-weight:700;font-size:16px}.verdict.ok{color:#2d7a4a}.verdict.bad{color:#b3261e}
 svg.chart{width:100%;max-width:980px;height:auto;display:block;margin:8px 0}
 svg .ct{font-size:14px;font-weight:600;fill:#1d2330}svg .tick{font-size:11px;fill:#5b6475}svg .axl{font-size:12px;fill:#1d2330}
 svg .lg{font-size:12px;fill:#1d2330}svg .grid{stroke:#e6e9ef;stroke-width:1}svg .axis{stroke:#9aa3b2;stroke-width:1}
+svg .gap{fill:#e9ecf2;opacity:.7}svg .gapl{font-size:11px;fill:#8a93a3}
 """
 
 

@@ -1,13 +1,17 @@
 """Markdown for people (and GitHub's job summary): the validation and gate verdicts.
 
 Sample ids come from the dataset and are untrusted: they are escaped so a table cell can
-neither break the table nor inject HTML. Output is capped in bytes (GitHub rejects a step
-summary over 1 MiB); ``append_step_summary`` appends to ``$GITHUB_STEP_SUMMARY`` within that cap.
+neither break the table nor inject HTML. Text shown as code goes in ``<code>`` with HTML
+escaping (``md_code``), not in a backtick code span: Markdown shows a code span's content
+verbatim, so an escaped ``&lt;think&gt;`` would show as those characters, and a raw ``|``
+would still split a table row. Output is capped in bytes (GitHub rejects a step summary over
+1 MiB); ``append_step_summary`` appends to ``$GITHUB_STEP_SUMMARY`` within that cap.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +21,37 @@ IDS_SHOWN = 10
 ICON = {"pass": "✅", "fail": "❌", "warn": "⚠️", "error": "💥"}
 
 
+def _cut(text: str, limit: int | None) -> str:
+    return text[: limit - 1] + "…" if limit is not None and len(text) > limit else text
+
+
 def md_escape(value: Any, limit: int = 80) -> str:
-    """One table-safe line: no pipes, no HTML, no newlines, at most ``limit`` characters."""
-    text = " ".join(str(value).split())
-    if len(text) > limit:
-        text = text[: limit - 1] + "…"
+    """One table-safe line of Markdown text: no pipes, no HTML, no emphasis, no newlines, at most
+    ``limit`` characters. For text outside code spans only (see ``md_code``)."""
+    text = _cut(" ".join(str(value).split()), limit)
     return (
-        text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        text.replace("\\", "\\\\")  # first: a backslash must not escape the characters escaped next
+        .replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
         .replace("|", "\\|").replace("`", "'").replace("[", "\\[").replace("]", "\\]")
+        .replace("*", "\\*").replace("_", "\\_").replace("~", "\\~")
     )
+
+
+# Inside <code> Markdown still parses inlines: HTML's specials, the table's pipe and Markdown's own
+# punctuation go in as character references. A backslash only escapes ASCII punctuation, and an
+# underscore between two letters or digits never makes emphasis: those stay as they are (readable).
+_CODE_REFS = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "&#124;", "`": "&#96;", "*": "&#42;", "[": "&#91;",
+              "]": "&#93;", "~": "&#126;", "\\": "&#92;", "_": "&#95;", "\n": " ", "\r": " ", "\t": " "}
+_CODE_RE = re.compile(r"""[&<>|`*\[\]~\n\r\t]|\\(?=[!-/:-@\[-`{-~]|$)|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])""")
+
+
+def md_code(value: Any, limit: int | None = 80) -> str:
+    """Untrusted text as inline code that GitHub shows literally, also in a table cell: ``<code>``
+    with HTML escaping and Markdown's punctuation as character references (``<think>`` shows as
+    ``<think>``). A backtick code span would not do: its content is shown verbatim, so escaped
+    text shows its escapes, and a ``|`` in it still splits a table row. Newlines become spaces;
+    at most ``limit`` characters."""
+    return "<code>" + _CODE_RE.sub(lambda m: _CODE_REFS[m.group(0)], _cut(str(value), limit)) + "</code>"
 
 
 def fmt_number(value: Any) -> str:
@@ -98,9 +124,9 @@ def validation_lines(summary: dict[str, Any], heading: str = "##") -> list[str]:
     icon = ICON["pass" if summary["success"] else "fail"]
     verdict = "passed" if summary["success"] else "failed"
     lines = [
-        f"{heading} {icon} dqa validate: suite `{md_escape(summary['suite'])}` {verdict}",
+        f"{heading} {icon} dqa validate: suite {md_code(summary['suite'])} {verdict}",
         "",
-        f"{fmt_number(summary['rows'])} rows from `{md_escape(summary['source'], 200)}`; fail on: **{summary['fail_on']}**. "
+        f"{fmt_number(summary['rows'])} rows from {md_code(summary['source'], 200)}; fail on: **{summary['fail_on']}**. "
         f"{st['evaluated']} expectations: {st['passed']} passed, {st['failed']} failed, "
         f"{st['warnings']} warnings, {st['errors']} errors.",
         "",
@@ -117,7 +143,7 @@ def validation_lines(summary: dict[str, Any], heading: str = "##") -> list[str]:
         if e["status"] == "error":
             ids = md_escape(e.get("exception") or "error", 120)
         lines.append(
-            f"| {ICON[e['status']]} | {e['severity']} | `{md_escape(e['title'], 100)}` | {md_escape(describe_kwargs(e['kwargs']), 120)} "
+            f"| {ICON[e['status']]} | {e['severity']} | {md_code(e['title'], 100)} | {md_escape(describe_kwargs(e['kwargs']), 120)} "
             f"| {md_escape(describe_observed(e), 80)} | {describe_unexpected(e)} | {ids} |"
         )
     lines += ["", "Every failing row of every expectation: `failing_samples.parquet`; GX Data Docs: `data_docs/index.html`."]
@@ -132,13 +158,13 @@ def render_validation_markdown(summary: dict[str, Any], max_bytes: int = MAX_MAR
 def gate_lines(gate: dict[str, Any]) -> list[str]:
     """Markdown lines for a gate result (``gate.json``)."""
     ok = gate["verdict"] == "pass"
-    lines = [f"## {ICON['pass' if ok else 'fail']} dqa gate: **{gate['verdict'].upper()}** for `{md_escape(gate['release'], 200)}`", ""]
+    lines = [f"## {ICON['pass' if ok else 'fail']} dqa gate: **{gate['verdict'].upper()}** for {md_code(gate['release'], 200)}", ""]
     if gate.get("reasons"):
         lines += [f"- {md_escape(r, 300)}" for r in gate["reasons"]] + [""]
     drift = gate.get("drift")
     if drift:
         lines += [
-            f"### Drift against `{md_escape(gate.get('baseline') or '', 200)}`",
+            f"### Drift against {md_code(gate.get('baseline') or '', 200)}",
             "",
             "| | check | baseline | release | change | threshold |",
             "|---|---|---|---|---|---|",

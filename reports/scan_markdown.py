@@ -1,8 +1,14 @@
-"""Render a scan summary (``summary.json``) as Markdown for people and CI step summaries."""
+"""Render a scan summary (``summary.json``) as Markdown for people and CI step summaries.
+
+Decoded template text is untrusted and holds markup (``<think>``, ``<|im_end|>``): it is shown
+with ``md_code`` (``<code>`` + HTML escaping), which GitHub renders literally, also in a table.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+from dqa.reports.markdown_validation import md_code, md_escape
 
 
 def template_repr(text: str, limit: int = 80) -> str:
@@ -21,10 +27,6 @@ def ranked_checks(summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return sorted(items, key=lambda kv: (-kv[1].get("primary", 0), -kv[1]["count"], kv[0]))
 
 
-def _md_escape(s: str) -> str:
-    return s.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
-
-
 def render_scan_markdown(summary: dict[str, Any]) -> str:
     """Return the Markdown text of ``summary.md``."""
     rows = summary["rows"]
@@ -40,13 +42,13 @@ def render_scan_markdown(summary: dict[str, Any]) -> str:
         "| --- | ---: | ---: | --- |",
     ]
     for name, c in ranked_checks(summary):
-        lines.append(f"| `{name}` | {c['count']:,} | {c['share']:.1%} | {_md_escape(c['flags_when'])} |")
+        lines.append(f"| `{name}` | {c['count']:,} | {c['share']:.1%} | {md_escape(c['flags_when'], 400)} |")
     if not ranked_checks(summary):
         lines.append("| (none) | 0 | 0.0% | every check passed |")
     if summary.get("degenerate_templates"):
         lines += ["", "## Degenerate templates", "", "| samples | share | tokens | supervised text |", "| ---: | ---: | ---: | --- |"]
         for t in summary["degenerate_templates"]:
-            lines.append(f"| {t['count']:,} | {t['share']:.1%} | {t['tokens']} | `{_md_escape(template_repr(t['text'], 120))}` |")
+            lines.append(f"| {t['count']:,} | {t['share']:.1%} | {t['tokens']} | {md_code(template_repr(t['text'], 120), None)} |")
     d = summary["supervised_tokens_distribution"]
     if "p50" in d:
         lines += [

@@ -1,7 +1,10 @@
 """Tiny inline-SVG charts for the HTML report: grouped histograms and line charts.
 
 No scripts, no external fonts: plain SVG elements with ``<title>`` tooltips. Every label
-goes through ``html.escape``. Sizes are in SVG user units; the charts scale with the page.
+goes through ``html.escape``. Sizes are in SVG user units; the charts scale with the page, and
+so do their fonts (CSS ``px`` inside an SVG are user units), so labels placed apart here stay
+apart at any page width: axis labels are thinned until their estimated widths
+(``text_width``) fit between neighbours.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from dqa.formatting import human_count
 PALETTE = ("#d1495b", "#2e86ab", "#66a182", "#edae49", "#8d6a9f")
 W, H = 760, 300
 PAD_L, PAD_R, PAD_T, PAD_B = 64, 16, 36, 56
+TICK_PX, LEGEND_PX, TITLE_PX = 11, 12, 14  # font sizes of the classes tick, lg, ct (html.CSS)
+EM_PER_CHAR = 0.62  # an upper bound of the mean advance of digits, letters and unit signs in system sans fonts
+LABEL_GAP = 6.0  # least space between two neighbouring labels
 
 
 def esc(value: object) -> str:
@@ -38,12 +44,43 @@ def nice_ticks(top: float, n: int = 5) -> list[float]:
     return [i * step for i in range(int(math.ceil(top / step)) + 1)]
 
 
+def text_width(text: str, font_px: float) -> float:
+    """A generous estimate of the rendered width of ``text`` (user units) at ``font_px``."""
+    return EM_PER_CHAR * font_px * len(text)
+
+
+def label_step(labels: Sequence[str], spacing: float, font_px: float = TICK_PX) -> int:
+    """Show every k-th of labels placed ``spacing`` apart so neighbours never overlap: the least k
+    with ``k * spacing`` >= the widest label + ``LABEL_GAP``."""
+    widest = max((text_width(t, font_px) for t in labels), default=0.0)
+    return max(1, math.ceil((widest + LABEL_GAP) / max(spacing, 1e-9)))
+
+
+def _x_labels(positions: Sequence[float], labels: Sequence[str]) -> list[str]:
+    """Tick labels under the x axis, centred at ``positions``: thinned to every k-th (see
+    ``label_step``), and any whose box would leave the chart dropped."""
+    if not labels:
+        return []
+    spacing = min((b - a for a, b in zip(positions, positions[1:])), default=float(W))
+    step = label_step(labels, spacing)
+    parts = []
+    for i, (x, label) in enumerate(zip(positions, labels)):
+        half = text_width(label, TICK_PX) / 2
+        if i % step or x - half < 0 or x + half > W:
+            continue
+        # 16 below the axis: clear of the lowest y label (baseline 4 below the axis) at the corner.
+        parts.append(f'<text x="{x:.1f}" y="{H - PAD_B + 16}" text-anchor="middle" class="tick">{esc(label)}</text>')
+    return parts
+
+
 @dataclass
 class Series:
-    """One named series of values (bar heights or line y-values) with its colour."""
+    """One named series of values (bar heights or line y-values) with its colour.
+
+    In a line chart a ``None`` value breaks the line (no data there, e.g. an idle gap)."""
 
     name: str
-    values: Sequence[float]
+    values: Sequence[float | None]
     color: str = ""
 
 
@@ -67,7 +104,7 @@ def _legend(series: Sequence[Series]) -> list[str]:
     parts, x = [], W - PAD_R
     for i, s in enumerate(reversed(series)):
         label = esc(s.name)
-        width = 14 + 6.4 * len(s.name)
+        width = 14 + text_width(s.name, LEGEND_PX)
         x -= width + 12
         color = s.color or PALETTE[(len(series) - 1 - i) % len(PALETTE)]
         parts.append(f'<rect x="{x:.0f}" y="10" width="10" height="10" fill="{color}"/>')
@@ -76,8 +113,13 @@ def _legend(series: Sequence[Series]) -> list[str]:
 
 
 def grouped_bars(title: str, bin_labels: Sequence[str], series: Sequence[Series], y_label: str, x_label: str,
-                 percent: bool = False) -> str:
-    """A histogram with one bar per series in each bin; returns the ``<svg>`` element as text."""
+                 percent: bool = False, edge_labels: Sequence[str] | None = None) -> str:
+    """A histogram with one bar per series in each bin; returns the ``<svg>`` element as text.
+
+    ``bin_labels`` name the bins (in tooltips, and under the bins); with ``edge_labels`` (one
+    more than the bins: each bin's lower bound, then the last bin's upper bound) the axis is
+    labelled at the bin boundaries instead, which keeps labels short.
+    """
     top = max((max(s.values) if len(s.values) else 0.0) for s in series) if series else 0.0
     ticks = nice_ticks(top or 1.0)
     ymax = ticks[-1] or 1.0
@@ -100,27 +142,33 @@ def grouped_bars(title: str, bin_labels: Sequence[str], series: Sequence[Series]
             tip = f"{s.name}: {label}: {v:.2f}{'%' if percent else ''}"
             parts.append(f'<rect x="{x0 + i * bar_w:.1f}" y="{y:.1f}" width="{bar_w:.1f}" height="{max(0.0, H - PAD_B - y):.1f}" '
                          f'fill="{color}"><title>{esc(tip)}</title></rect>')
-        if nb <= 24 or b % max(1, nb // 24) == 0:
-            parts.append(f'<text x="{x0 + slot * 0.4:.1f}" y="{H - PAD_B + 14}" text-anchor="middle" class="tick">{esc(label)}</text>')
+    if edge_labels is not None and len(edge_labels) == nb + 1:
+        parts += _x_labels([PAD_L + b * slot for b in range(nb + 1)], list(edge_labels))
+    else:
+        parts += _x_labels([PAD_L + (b + 0.5) * slot for b in range(len(bin_labels))], list(bin_labels))
     parts += _legend(series)
     parts.append("</svg>")
     return "".join(parts)
 
 
-def line_chart(title: str, xs: Sequence[float], series: Sequence[Series], y_label: str, x_label: str,
-               x_fmt=None, x_min: float | None = None) -> str:
+def line_chart(title: str, xs: Sequence[float | None], series: Sequence[Series], y_label: str, x_label: str,
+               x_fmt=None, x_min: float | None = None, gaps: Sequence[tuple[float, float]] = (),
+               gap_label: str = "idle") -> str:
     """Lines over a shared x axis (e.g. seconds since start); returns the ``<svg>`` element as text.
 
     ``x_min`` starts the axis there (e.g. 0) instead of at the first point; ``x_fmt`` labels
-    the x ticks (default: short numbers such as ``1.5K``).
+    the x ticks (default: short numbers such as ``1.5K``). A ``None`` in ``xs`` or in a series
+    breaks the line there; ``gaps`` are x ranges without data (e.g. between two runs), shaded and
+    labelled ``gap_label`` rather than drawn as zeros.
     """
     x_fmt = x_fmt or _axis_number
-    top = max((max(s.values) if len(s.values) else 0.0) for s in series) if series else 0.0
+    known = [x for x in xs if x is not None]
+    top = max((max((v for v in s.values if v is not None), default=0.0)) for s in series) if series else 0.0
     ticks = nice_ticks(top or 1.0)
     ymax = ticks[-1] or 1.0
     plot_h = H - PAD_T - PAD_B
-    x_lo = x_min if x_min is not None else (min(xs) if len(xs) else 0.0)
-    x_hi = max(xs) if len(xs) else 1.0
+    x_lo = x_min if x_min is not None else (min(known) if known else 0.0)
+    x_hi = max([*known, *(b for _, b in gaps)]) if known else 1.0
     span = (x_hi - x_lo) or 1.0
 
     def y_of(v: float) -> float:
@@ -130,18 +178,32 @@ def line_chart(title: str, xs: Sequence[float], series: Sequence[Series], y_labe
         return PAD_L + (W - PAD_L - PAD_R) * (x - x_lo) / span
 
     parts = _frame(title, y_label, x_label, ticks, y_of, _axis_number)
-    for t in nice_ticks(span, 6):
-        if t > span * 1.001:
-            break
-        parts.append(f'<text x="{x_of(x_lo + t):.1f}" y="{H - PAD_B + 14}" text-anchor="middle" class="tick">{esc(x_fmt(x_lo + t))}</text>')
+    for a, b in gaps:
+        x0, x1 = x_of(a), x_of(b)
+        tip = f"{gap_label}: {x_fmt(a)} to {x_fmt(b)} ({x_fmt(b - a)})"
+        parts.append(f'<rect x="{x0:.1f}" y="{PAD_T}" width="{max(0.0, x1 - x0):.1f}" height="{plot_h:.1f}" class="gap">'
+                     f'<title>{esc(tip)}</title></rect>')
+        if x1 - x0 >= text_width(gap_label, TICK_PX) + LABEL_GAP:
+            parts.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{PAD_T + 14}" text-anchor="middle" class="gapl">{esc(gap_label)}</text>')
+    tick_x = [t for t in nice_ticks(span, 6) if t <= span * 1.001]
+    parts += _x_labels([x_of(x_lo + t) for t in tick_x], [x_fmt(x_lo + t) for t in tick_x])
     for i, s in enumerate(series):
         color = s.color or PALETTE[i % len(PALETTE)]
-        pts = " ".join(f"{x_of(x):.1f},{y_of(float(v)):.1f}" for x, v in zip(xs, s.values))
-        parts.append(f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="2"><title>{esc(s.name)}</title></polyline>')
-        if len(xs) <= 60:
-            for x, v in zip(xs, s.values):
-                parts.append(f'<circle cx="{x_of(x):.1f}" cy="{y_of(float(v)):.1f}" r="2.5" fill="{color}">'
-                             f'<title>{esc(f"{s.name}: {x_fmt(x)}: {float(v):,.1f}")}</title></circle>')
+        runs: list[list[tuple[float, float]]] = [[]]
+        for x, v in zip(xs, s.values):
+            if x is None or v is None:
+                if runs[-1]:
+                    runs.append([])
+                continue
+            runs[-1].append((x, float(v)))
+        for run in (r for r in runs if r):
+            pts = " ".join(f"{x_of(x):.1f},{y_of(v):.1f}" for x, v in run)
+            parts.append(f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="2"><title>{esc(s.name)}</title></polyline>')
+        if len(known) <= 60:
+            for run in runs:
+                for x, v in run:
+                    parts.append(f'<circle cx="{x_of(x):.1f}" cy="{y_of(v):.1f}" r="2.5" fill="{color}">'
+                                 f'<title>{esc(f"{s.name}: {x_fmt(x)}: {v:,.1f}")}</title></circle>')
     parts += _legend(series)
     parts.append("</svg>")
     return "".join(parts)

@@ -152,3 +152,139 @@ def test_report_renders_its_plots_in_headless_chromium(cli, defect_scan, tmp_pat
     assert img[..., :3].std() > 10  # not a blank page
     assert colour_pixels(img, BAR_RED) > 5_000  # the 'before' histogram bars are drawn
     assert colour_pixels(img, LINE_BLUE) > 1_000  # the 'after' bars (and the throughput line below them)
+
+
+# --------------------------------------------------------------------------- figures that were wrong (issue 9)
+
+TEXT_RE = re.compile(r"<text ([^>]*)>(.*?)</text>", re.S)
+FONT_PX = {"tick": 11, "axl": 12, "lg": 12, "ct": 14, "gapl": 11}  # reports.html CSS
+
+
+def text_boxes(svg: str) -> list[tuple[str, float, float, float, float]]:
+    """``(text, x0, x1, y0, y1)`` of every unrotated ``<text>`` of an SVG, estimated independently of
+    reports.svg: 0.6 em per character (0.66 for the bold title), from the baseline up 0.8 em, down 0.25 em."""
+    boxes = []
+    for attrs, body in TEXT_RE.findall(svg):
+        a = dict(re.findall(r'([\w-]+)="([^"]*)"', attrs))
+        if "transform" in a:
+            continue
+        text = html.unescape(body)
+        fs = FONT_PX[a.get("class", "tick")]
+        w = (0.66 if a.get("class") == "ct" else 0.6) * fs * len(text)
+        x, y = float(a["x"]), float(a["y"])
+        x0 = {"middle": x - w / 2, "end": x - w}.get(a.get("text-anchor", "start"), x)
+        boxes.append((text, x0, x0 + w, y - 0.8 * fs, y + 0.25 * fs))
+    return boxes
+
+
+def assert_labels_apart(svg: str) -> None:
+    """No two labels of a chart overlap, and each lies inside the chart's viewBox."""
+    width, height = map(float, re.search(r'viewBox="0 0 (\S+) (\S+)"', svg).groups())
+    boxes = text_boxes(svg)
+    assert boxes
+    for t, x0, x1, y0, y1 in boxes:
+        assert 0 <= x0 and x1 <= width and 0 <= y0 and y1 <= height, f"{t!r} leaves the chart: {x0:.0f}..{x1:.0f}"
+    for i, (t1, a0, a1, b0, b1) in enumerate(boxes):
+        for t2, c0, c1, d0, d1 in boxes[i + 1:]:
+            assert a1 <= c0 or c1 <= a0 or b1 <= d0 or d1 <= b0, f"labels overlap: {t1!r} and {t2!r}"
+
+
+def svgs(page: str) -> list[str]:
+    return re.findall(r"<svg\b.*?</svg>", page, re.S)
+
+
+@pytest.mark.parametrize("top", [60, 5_000, 40_000, 3_000_000])
+def test_histogram_labels_do_not_overlap_at_any_range(top):
+    """Issue 9: range labels such as 16.4K-32.8K ran into each other. Checked on the SVG's own geometry."""
+    from dqa.reports.html import ReportInputs, _section_histogram
+
+    rng = np.random.default_rng(1)
+    before = (2 ** rng.uniform(0, np.log2(top), 500)).astype(np.int64)
+    after = (2 ** rng.uniform(0, np.log2(top), 300)).astype(np.int64)
+    inp = ReportInputs(scan_dir=None, summary={}, before_tokens=before, after_tokens=after, after_label="regenerated rows (output tokens)")
+    (svg,) = svgs(_section_histogram(inp))
+    assert_labels_apart(svg)
+    ticks = [t for t, *_ in text_boxes(svg) if re.fullmatch(r"[\d.]+[KM]?", t) and "%" not in t]
+    assert "0" in ticks and len(ticks) >= 4  # the axis is still labelled
+
+
+def test_every_chart_of_a_report_keeps_its_labels_apart_and_ids_on_one_line(cli, defect_scan, tmp_path):
+    regen = write_regen_folder(tmp_path / "regen")
+    out = tmp_path / "r.html"
+    assert cli("report", defect_scan, "--regen", regen, "--out", out).exit_code == 0
+    page = out.read_text()
+    charts = svgs(page)
+    assert len(charts) == 3
+    for svg in charts:
+        assert_labels_apart(svg)
+    # Sample ids never break at their hyphen: each sits in a nowrap span.
+    assert ".id{white-space:nowrap}" in page
+    assert '<span class="id">s60</span>, <span class="id">s61</span>' in page
+
+
+def write_two_sessions(folder, gap_s: float = 3600.0, latency: float = 20.0, per_session: int = 60):
+    """Shards of a run interrupted after 10 minutes and resumed ``gap_s`` later, for another 10 minutes."""
+    from dqa.regen.journal import Result, results_table, shard_path, write_table
+
+    rng = np.random.default_rng(7)
+    t0 = 1_790_000_000.0
+    times = np.concatenate([t0 + latency + np.sort(rng.random(per_session)) * 600,
+                            t0 + 600 + gap_s + latency + np.sort(rng.random(per_session)) * 600])
+    results = [Result(row=i, sample_id=f"sample-{i:05d}", prompt=np.array([1, 2], np.int32), output=np.ones(500, np.int32),
+                      status="ok", finish_reason="stop", error=None, endpoint="http://e", attempts=1, latency_s=latency,
+                      model="m", sampling="{}", seed=i, completed_at=float(t)) for i, t in enumerate(times)]
+    write_table(shard_path(folder, "s0of1", 0), results_table(results[:per_session]))
+    write_table(shard_path(folder, "s0of1", 1), results_table(results[per_session:]))
+    return folder, times
+
+
+def test_an_idle_gap_between_two_runs_is_drawn_as_a_gap_not_as_zero_throughput(cli, defect_scan, tmp_path):
+    from dqa.reports.html import idle_gaps, read_shards, throughput
+
+    regen, times = write_two_sessions(tmp_path / "regen")
+    shards = read_shards(regen)
+    xs, tps, done, width = throughput(shards)
+    assert xs.count(None) == tps.count(None) == done.count(None) == 1
+    cut = xs.index(None)
+    gap_from, gap_to = times[59] - times[0], times[60] - 20.0 - times[0]  # last completion -> first request of the resume
+    assert idle_gaps(shards) == [pytest.approx((gap_from, gap_to))]
+    assert all(x <= gap_from + width for x in xs[:cut]) and all(x >= gap_to for x in xs[cut + 1:])
+    assert sum(v for v in tps if v is not None) * width == pytest.approx(120 * 500)
+    assert width == pytest.approx((times[59] - times[0] + times[-1] - times[60]) / 40)  # 40 buckets over working time
+
+    out = tmp_path / "r.html"
+    assert cli("report", defect_scan, "--regen", regen, "--out", out).exit_code == 0
+    page = out.read_text()
+    tok_chart = [s for s in svgs(page) if "Output tokens per second" in s][0]
+    lines = re.findall(r'<polyline points="([^"]+)"', tok_chart)
+    assert len(lines) == 2  # the line breaks at the gap
+    (gap_rect,) = re.findall(r'<rect x="([\d.]+)" y="[\d.]+" width="([\d.]+)" height="[\d.]+" class="gap">', tok_chart)
+    g0, g1 = float(gap_rect[0]), float(gap_rect[0]) + float(gap_rect[1])
+    points = [tuple(map(float, p.split(","))) for line in lines for p in line.split()]
+    assert not [x for x, _ in points if g0 + 1 < x < g1 - 1]  # no point drawn inside the gap
+    assert "1 idle gap of 59" in page
+
+
+def test_a_short_pause_with_requests_in_flight_is_not_a_gap(tmp_path):
+    """Long requests keep a quiet stretch inside the run: it is drawn (low throughput), not cut out."""
+    from dqa.reports.html import idle_gaps, read_shards, throughput
+
+    regen, _ = write_two_sessions(tmp_path / "regen", gap_s=120.0, latency=400.0)
+    shards = read_shards(regen)
+    assert idle_gaps(shards) == []
+    assert None not in throughput(shards)[0]
+
+
+def test_a_finished_runs_rates_are_shown_even_from_an_older_progress_json(cli, defect_scan, tmp_path):
+    """Issue 9 item 6 / issue 11: a finished run showed output tok/s 0 and requests/s 0 next to a chart full of traffic."""
+    regen = write_regen_folder(tmp_path / "regen", rows=120, seconds=600.0)
+    p = json.loads((regen / "progress.json").read_text())
+    p.update(req_per_s=0.0, output_tok_per_s=0.0)  # what older dqa wrote after a rerun of the finished run
+    (regen / "progress.json").write_text(json.dumps(p))
+    out = tmp_path / "r.html"
+    assert cli("report", defect_scan, "--regen", regen, "--out", out).exit_code == 0
+    page = out.read_text()
+    row = lambda name: re.search(rf"<tr><th>{re.escape(name)}</th><td>([^<]*)", page).group(1).strip()  # noqa: E731
+    assert row("requests/s") == "0.2"  # 120 rows / 600 s of working time
+    assert row("output tok/s") == f"{600.0 * 120 / 600:,.4g}"  # mean output tokens x rows / working time
+    assert "mean over working time" in page
