@@ -7,6 +7,8 @@ import importlib.util
 
 import typer
 
+from dqa.commands.common import ClickStyleGroup
+
 app = typer.Typer(
     name="dqa",
     help=(
@@ -18,6 +20,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
+    # Help in click's conventions (flags without a metavar, TEXT/INTEGER/PATH, DATASET) for every
+    # command: see dqa.commands.common.
+    cls=ClickStyleGroup,
 )
 
 # Commands in the order `dqa --help` lists them.

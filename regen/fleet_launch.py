@@ -6,7 +6,8 @@ environment it adds (``CUDA_VISIBLE_DEVICES=i``), its port and its log file. SGL
 SGLANG.md; ``--engine transformers`` runs ``transformers serve`` (the CPU stand-in).
 ``stage_model`` copies the model folder to a RAM disk once. ``start_servers`` +
 ``wait_healthy`` bring the fleet up; ``stop_endpoint`` stops exactly a recorded process after
-checking it still is the one dqa started.
+checking it still is the one dqa started. The whole of `dqa fleet up` (checks, staging, start,
+fleet file, wait, clean-up on failure) is ``dqa.regen.fleet_up.launch_fleet``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The terminal table of ``dqa scan``: the biggest problem first, readable in five seconds."""
+"""The terminal table of ``dqa scan``: rows by the samples each check flags, the root cause marked,
+readable in five seconds."""
 
 from __future__ import annotations
 
@@ -8,30 +9,45 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dqa.reports.scan_markdown import ranked_checks, template_repr
+from dqa.reports.scan_markdown import template_repr
+from dqa.reports.scan_order import checks_by_samples, root_cause, root_cause_legend
+
+ROOT_MARK = "◀"
 
 
 def print_scan_table(summary: dict[str, Any], out_dir: str, console: Console) -> None:
-    """Print the per-check table and the verdict line for ``summary`` to ``console``."""
+    """Print the per-check table (most samples first, the root cause marked and explained in a
+    line under it) and the verdict line for ``summary`` to ``console``."""
     rows = summary["rows"]
+    checks = checks_by_samples(summary)
+    root = root_cause(summary)
     table = Table(title=f"dqa scan · {rows:,} samples · {summary['tokens']:,} tokens", title_justify="left", expand=False)
     table.add_column("check", style="bold", no_wrap=True, min_width=19)
     table.add_column("share", justify="right", no_wrap=True, min_width=6)
     table.add_column("samples", justify="right", no_wrap=True, min_width=7)
-    table.add_column("detail", overflow="ellipsis", no_wrap=True, max_width=max(20, console.width - 48))
+    if root is not None:
+        table.add_column("root cause", no_wrap=True)
+    detail_width = max(20, console.width - (61 if root else 48))  # what the other columns leave
+    table.add_column("detail", overflow="ellipsis", no_wrap=True, max_width=detail_width)
     templates = summary.get("degenerate_templates") or []
-    for name, c in ranked_checks(summary):
+    for name, c in checks:
         detail = c.get("label") or c["flags_when"]
         if name == "degenerate_template" and templates:
             t = templates[0]
             detail = f"{template_repr(t['text'])} ({t['tokens']} tokens)"
         detail = escape(detail)  # decoded sample text is data, not rich markup
         style = "red" if c["share"] >= 0.10 else "yellow"
-        table.add_row(name, f"[{style}]{c['share']:.1%}[/]", f"{c['count']:,}", detail)
-    if not ranked_checks(summary):
+        cells = [name, f"[{style}]{c['share']:.1%}[/]", f"{c['count']:,}"]
+        if root is not None:
+            cells.append(f"[bold]{ROOT_MARK} {root[1]:,}[/]" if name == root[0] else "")
+        table.add_row(*cells, detail)
+    if not checks:
         table.add_row("[green]all checks[/]", "0.0%", "0", "no sample flagged")
     console.print(table)
-    if len(templates) > 1 or (templates and len(template_repr(templates[0]["text"])) > console.width - 60):
+    if root is not None:
+        console.print(f"{ROOT_MARK} {root_cause_legend(*root)}", markup=False, highlight=False)
+    cut = templates and len(f"{template_repr(templates[0]['text'])} ({templates[0]['tokens']} tokens)") > detail_width
+    if len(templates) > 1 or cut:
         console.print("[bold]degenerate templates[/] (samples, share, tokens, supervised text):")
         for t in templates[:5]:
             console.print(f"  {t['count']:>9,}  {t['share']:6.1%}  {t['tokens']:>5}  {template_repr(t['text'], 200)}", markup=False, highlight=False)

@@ -1,4 +1,5 @@
-"""Helpers shared by the command modules: error handling, console, output modes."""
+"""Helpers shared by the command modules: error handling, console, output modes, and the help's
+metavars in click's conventions (``ClickStyleGroup``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from typing import Any, Callable, TypeVar
 
 import typer
+from typer.core import TyperGroup
 
 from dqa.errors import EXIT_RUNTIME, DqaError
 
@@ -89,3 +91,119 @@ def help_text(doc: str | None) -> str:
 
     paras = inspect.cleandoc(doc or "").split("\n\n")
     return "\n\n".join(" ".join(p.split()) for p in paras)
+
+
+# ------------------------------------------------------------------ help: click's conventions
+#
+# typer >= 0.2x (pyproject asks only for typer>=0.12; CI gets the newest) renders each parameter's
+# *Python* type in its help: `--json <bool>` (a flag, as if it took a value), `<str>`, `<path>`,
+# `<list[str]>`, and arguments by their Python name, `{dataset}` when required and `[dataset]`
+# when optional. ``ClickStyleGroup`` (the root group's class, see dqa/cli.py) restores click's
+# conventions for every command at once: flags show no metavar; values show TEXT, INTEGER, FLOAT,
+# PATH or a choice [a|b] (an explicit ``metavar=`` is kept); arguments read DATASET in the help
+# and DATASET / [DATASET] / [NAME]... in the usage line.
+
+_TYPE_NAMES = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "bool": "BOOLEAN", "Path": "PATH", "datetime": "DATETIME"}
+
+
+def type_metavar(param: Any) -> str:
+    """The click-style name of ``param``'s value type: TEXT, INTEGER, FLOAT, BOOLEAN, PATH,
+    DATETIME or ``[a|b]`` for a choice (an element's type for a repeatable option)."""
+    import typing
+
+    desc = getattr(param, "type_descriptor", None)
+    if desc is None:  # an older typer: a click ParamType
+        ptype = getattr(param, "type", None)
+        return getattr(ptype, "name", "text").upper()
+    choices = getattr(desc, "choices", None)
+    if choices:
+        return "[" + "|".join(str(getattr(c, "value", c)) for c in choices) + "]"
+    if getattr(desc, "is_path", False):
+        return "PATH"
+    ann = desc.annotation
+    if typing.get_origin(ann) in (list, tuple) and typing.get_args(ann):
+        ann = typing.get_args(ann)[0]
+    name = getattr(ann, "__name__", str(ann))
+    return _TYPE_NAMES.get(name, name.upper())
+
+
+def _is_flag(param: Any) -> bool:
+    return bool(getattr(param, "is_flag", False) or getattr(param, "count", False))
+
+
+def _param_type_column(param: Any) -> str | None:
+    """What the help shows after a parameter's name: nothing for a flag, the value's type for an
+    argument (whose metavar is its name), else the metavar."""
+    if _is_flag(param):
+        return None
+    if getattr(param, "param_type_name", "") == "argument":
+        return type_metavar(param)
+    return param.metavar or type_metavar(param)
+
+
+def _argument_usage(param: Any) -> str:
+    """An argument in the usage line: a metavar the command gave, verbatim (as click does); else
+    NAME when required, [NAME] when optional, then ... when it takes several values."""
+    if not getattr(param, "_dqa_named", False):
+        return param.metavar
+    name = param.metavar if param.required else f"[{param.metavar}]"
+    return name + ("..." if param.nargs != 1 else "")
+
+
+_subclasses: dict[type, type] = {}
+
+
+def _restyle(obj: Any) -> None:
+    """Make ``obj`` (a typer parameter or command) an instance of a subclass of its own class that
+    renders its help in click's conventions. (A mixin listed first cannot be assigned to
+    ``__class__``: the layouts of an ABC subclass differ, so the subclass is made per class.)"""
+    base = type(obj)
+    if getattr(base, "_dqa_click_style", False):
+        return
+    if base not in _subclasses:
+        body: dict[str, Any] = {"_dqa_click_style": True, "__module__": __name__, "__doc__": base.__doc__}
+        if hasattr(base, "param_type_name"):  # a parameter
+            body["display_type_rich"] = lambda self, ctx: _param_type_column(self)
+            if base.param_type_name == "argument":
+                body["get_usage_pieces"] = lambda self, ctx: [_argument_usage(self)]
+        else:  # a command or group
+            def get_help_option(self: Any, ctx: Any, _base: type = base) -> Any:
+                opt = _base.get_help_option(self, ctx)
+                if opt is not None:
+                    _click_style_param(opt)
+                return opt
+
+            body["get_help_option"] = get_help_option
+        _subclasses[base] = type(f"ClickStyle{base.__name__}", (base,), body)
+    obj.__class__ = _subclasses[base]
+
+
+def _click_style_param(param: Any) -> None:
+    if getattr(param, "param_type_name", "") == "argument":
+        if param.metavar is None:
+            param.metavar = (param.name or "ARG").upper()
+            param._dqa_named = True
+    elif not _is_flag(param):
+        if param.metavar and "|" in param.metavar and not param.metavar.startswith(("[", "{")):
+            param.metavar = f"[{param.metavar}]"  # a choice written as keep|drop
+        elif not param.metavar:
+            param.metavar = type_metavar(param)
+    _restyle(param)
+
+
+def click_style_help(command: Any) -> None:
+    """Give ``command``, its subcommands and all their parameters click's help conventions
+    (see above). Returns nothing; safe to call twice."""
+    _restyle(command)
+    for param in command.params:
+        _click_style_param(param)
+    for sub in (getattr(command, "commands", None) or {}).values():
+        click_style_help(sub)
+
+
+class ClickStyleGroup(TyperGroup):
+    """The root group of ``dqa``: built with every command in it, then ``click_style_help``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        click_style_help(self)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -24,10 +26,6 @@ fleet_app = typer.Typer(
     add_completion=False,
     rich_markup_mode="rich",
 )
-
-
-def _fmt(v, spec: str = ",.0f", none: str = "-") -> str:
-    return none if v is None else format(v, spec)
 
 
 # ------------------------------------------------------------------------------------- up
@@ -64,7 +62,7 @@ def up(
     log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="One log per GPU here (default: fleet-logs/ next to the fleet file)."),
     timeout: float = typer.Option(900.0, "--timeout", help="Seconds to wait for every server to become healthy."),
     keep_on_failure: bool = typer.Option(False, "--keep-on-failure", help="Leave the other servers running when one fails to start."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the exact commands (a bash script) and start nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the exact commands (a bash script) and start nothing. The model folder need not be on this machine (a note says what was assumed without it)."),
     force: bool = typer.Option(False, "--force", help="Overwrite a --fleet file that cannot be read as a fleet file (by default dqa refuses)."),
     json_out: bool = typer.Option(False, "--json", help="Print the fleet file on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success (errors still go to stderr)."),
@@ -86,189 +84,92 @@ def up(
       dqa fleet up --model ./tiny --gpus 0-1 --engine transformers --port-base 18000 --env OMP_NUM_THREADS=1
     """
     import json
-    import os
-    import signal
-    import sys
-    import time
 
-    from dqa.errors import InputError, RuntimeFailure, UsageError
-    from dqa.regen import fleet_file as ff
-    from dqa.regen import fleet_launch as fl
+    from dqa.regen.fleet_up import FleetSpec, launch_fleet, prepare_launch
 
-    if engine not in ff.ENGINES:
-        raise UsageError(f"--engine {engine!r}: expected one of {', '.join(ff.ENGINES)}")
-    gpu_list = fl.parse_gpus(gpus)
-    env_map = fl.parse_env(env)
-    if log_dir is None:
-        log_dir = fleet.parent / "fleet-logs"
-
-    model_path = Path(model).expanduser()
-    local = model_path.exists()
-    model_arg = str(model_path.resolve()) if local else model
-    if stage is not None and not local:
-        raise UsageError(f"--stage needs a local model folder; {model} does not exist")
-    stage_pair = None
-    if stage is not None:
-        stage_dest = Path(os.path.abspath(stage)) / model_path.resolve().name
-        stage_pair = (model_path.resolve(), stage_dest)
-        model_arg = str(stage_dest)
-
-    spec = fl.LaunchSpec(
-        model=model_arg,
-        gpus=gpu_list,
+    spec = FleetSpec(
+        model=model,
+        gpus=gpus,
         engine=engine,
-        host=host,
-        advertise_host=advertise_host,
-        port_base=port_base,
-        context_length=context_length or None,
-        max_running_requests=max_running_requests or None,
-        reasoning_parser=None if reasoning_parser.lower() in ("", "none") else reasoning_parser,
-        enable_metrics=metrics,
+        stage=stage,
         mtp=mtp,
         mamba_extra_buffer=mamba_extra_buffer,
-        python=python or sys.executable,
-        extra=list(extra or []),
-        env=env_map,
+        port_base=port_base,
+        host=host,
+        advertise_host=advertise_host,
+        context_length=context_length,
+        max_running_requests=max_running_requests,
+        reasoning_parser=reasoning_parser,
+        metrics=metrics,
+        python=python,
+        env=tuple(env),
+        fleet=fleet,
         log_dir=log_dir,
-        # Read from the source folder: a staged copy may not exist yet (--dry-run).
-        hybrid=fl.is_hybrid_mamba(str(model_path)) if local else None,
+        timeout=timeout,
+        keep_on_failure=keep_on_failure,
+        force=force,
+        extra=tuple(extra or ()),
     )
-    if mtp and engine != "sglang":
-        raise UsageError("--mtp is an SGLang option; drop it with --engine transformers")
     if dry_run:
-        cmds = fl.build_commands(spec)
-        typer.echo(fl.dry_run_script(cmds, engine, stage_pair), nl=False)
+        prepared = prepare_launch(spec, dry_run=True)
+        if not quiet:
+            for note in prepared.notes:
+                print(f"note: {note}", file=sys.stderr)
+        typer.echo(prepared.script(), nl=False)
         return
 
-    # Refuse to overwrite the record of a fleet that is still running, or a file we cannot read
-    # (it may be the only record of a running fleet, or not a fleet file at all).
-    if fleet.is_file():
-        try:
-            old = ff.read_fleet(fleet)
-        except InputError as exc:
-            if not force:
-                raise InputError(f"{exc}; refusing to overwrite it (pass --force, or another --fleet)") from None
-            old = None
-        if old is not None and any(fl.endpoint_alive(e) for e in old.endpoints):
-            raise UsageError(f"{fleet} records a fleet that is still running; `dqa fleet down --fleet {fleet}` first or pass another --fleet")
+    result = launch_fleet(spec, _CliLaunchEvents())
+    if json_out:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    elif not quiet:
+        from dqa.reports.fleet_table import up_lines
 
-    err = console(stderr=True)
-    tty = stderr_is_tty()
-    if stage_pair is not None:
+        for line in up_lines(result):
+            typer.echo(line)
+
+
+class _CliLaunchEvents:
+    """The hooks of ``dqa.regen.fleet_up.LaunchEvents`` as `fleet up` shows them: bars and a
+    spinner on a terminal; a failing server's log tail and servers that could not be stopped on
+    stderr, always. (Not a subclass, so that `dqa --help` does not import the launcher.)"""
+
+    def __init__(self) -> None:
+        self.err = console(stderr=True)
+        self.tty = stderr_is_tty()
+
+    @contextlib.contextmanager
+    def staging(self, src):
+        if not self.tty:
+            yield None
+            return
         from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
-        if tty:
-            with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=err, transient=True) as prog:
-                task = prog.add_task(f"staging {stage_pair[0].name}", total=None)
-                dest, copied = fl.stage_model(stage_pair[0], stage, lambda d, t: prog.update(task, completed=d, total=t))
-        else:
-            dest, copied = fl.stage_model(stage_pair[0], stage)
-        if tty:
-            err.print(f"staged {stage_pair[0]} -> {dest}" if copied else f"staged copy already current: {dest}")
+        with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=self.err, transient=True) as prog:
+            task = prog.add_task(f"staging {src.name}", total=None)
+            yield lambda d, t: prog.update(task, completed=d, total=t)
 
-    cmds = fl.build_commands(spec)
-    fl.check_ports_free(cmds, host)
-    t0 = time.monotonic()
-    servers = fl.start_servers(cmds)
-    record = ff.Fleet(
-        engine=engine,
-        protocol=fl.PROTOCOL[engine],
-        model=model_arg,
-        endpoints=[s.endpoint() for s in servers],
-        created_at=ff.now_iso(),
-    )
-    # Written before the wait, so `fleet down` can stop the servers even if dqa is killed here.
-    ff.write_fleet(fleet, record)
+    def staged(self, src, dest, copied) -> None:
+        if self.tty:
+            self.err.print(f"staged {src} -> {dest}" if copied else f"staged copy already current: {dest}")
 
-    def _terminated(signum, frame):  # SIGTERM while waiting: clean up like Ctrl-C
-        raise KeyboardInterrupt
+    @contextlib.contextmanager
+    def waiting(self, servers, engine):
+        if not self.tty:
+            yield None
+            return
+        with self.err.status(f"waiting for {servers} {engine} server(s) to become healthy") as status:
+            yield lambda h, n: status.update(f"{h}/{n} servers healthy")
 
-    previous = signal.signal(signal.SIGTERM, _terminated)
-    try:
-        if tty:
-            with err.status(f"waiting for {len(servers)} {engine} server(s) to become healthy") as status:
-                fl.wait_healthy(servers, engine, timeout, on_progress=lambda h, n: status.update(f"{h}/{n} servers healthy"))
-        else:
-            fl.wait_healthy(servers, engine, timeout)
-    except BaseException as exc:
-        if isinstance(exc, fl.ServerFailed):
-            print(f"--- last lines of {exc.log} (GPU {exc.gpu}) ---", file=sys.stderr)
-            for line in fl.log_tail(exc.log):
-                print(f"  gpu{exc.gpu}| {line}", file=sys.stderr)
-        left = []
-        if not keep_on_failure:
-            outcomes = fl.stop_started(servers, grace=10.0)
-            left = [(s, o) for s, o in zip(servers, outcomes) if not fl.stopped(o)]
-            if left:  # keep the record so `fleet down` can retry them
-                for s, o in left:
-                    print(f"GPU {s.command.gpu}: pid {s.process.pid}: {o}", file=sys.stderr)
-            else:
-                fleet.unlink(missing_ok=True)
-        if isinstance(exc, KeyboardInterrupt):
-            what = "interrupted" if keep_on_failure else "interrupted while waiting for the fleet; servers stopped"
-            if left:
-                what = f"interrupted; {len(left)} server(s) could not be stopped, see {fleet}"
-            raise RuntimeFailure(what) from None
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    elapsed = time.monotonic() - t0
-    if json_out:
-        typer.echo(json.dumps(ff.to_dict(record), indent=2))
-        return
-    if quiet:
-        return
-    typer.echo(f"fleet up: {len(servers)} {engine} server(s) healthy in {elapsed:.1f} s; fleet file {fleet}")
-    for e in record.endpoints:
-        typer.echo(f"  GPU {e.gpu}: {e.url} pid {e.pid} log {e.log}")
+    def server_failed(self, gpu, log, tail) -> None:
+        print(f"--- last lines of {log} (GPU {gpu}) ---", file=sys.stderr)
+        for line in tail:
+            print(f"  gpu{gpu}| {line}", file=sys.stderr)
+
+    def not_stopped(self, gpu, pid, outcome) -> None:
+        print(f"GPU {gpu}: pid {pid}: {outcome}", file=sys.stderr)
 
 
 # --------------------------------------------------------------------------------- status
-
-
-def _status_table(fleet_rec, statuses, totals):
-    from rich.table import Table
-
-    t = Table(title=f"fleet: {fleet_rec.engine}, {fleet_rec.model}", title_justify="left")
-    for col in ("GPU", "endpoint", "up", "gen tok/s", "running", "queued", "KV", "accept", "requests", "gen tokens", "cache hit", "source"):
-        left = col in ("GPU", "endpoint", "up", "source")
-        t.add_column(col, justify="left" if left else "right", no_wrap=col == "endpoint")
-
-    def hit(prompt, cached):
-        return "-" if not prompt or cached is None else f"{cached / prompt:.0%}"
-
-    for s in statuses:
-        t.add_row(
-            s.gpu or "-",
-            s.url,
-            "[green]up[/]" if s.up else "[red]down[/]",
-            _fmt(s.gen_tok_per_s),
-            _fmt(s.running),
-            _fmt(s.queued),
-            _fmt(s.kv_usage, ".0%"),
-            _fmt(s.accept_len, ".2f"),
-            _fmt(s.requests_total),
-            _fmt(s.generation_tokens_total),
-            hit(s.prompt_tokens_total, s.cached_tokens_total),
-            s.source,
-        )
-    t.add_section()
-    t.add_row(
-        "all",
-        f"{totals['endpoints']} endpoints",
-        f"{totals['up']}/{totals['endpoints']}",
-        _fmt(totals["gen_tok_per_s"]),
-        _fmt(totals["running"]),
-        _fmt(totals["queued"]),
-        _fmt(totals["kv_usage"], ".0%"),
-        _fmt(totals["accept_len"], ".2f"),
-        _fmt(totals["requests_total"]),
-        _fmt(totals["generation_tokens_total"]),
-        hit(totals["prompt_tokens_total"], totals["cached_tokens_total"]),
-        "",
-    )
-    notes = sorted({s.note for s in statuses if s.note})
-    return t, notes
 
 
 @handles_errors
@@ -296,6 +197,7 @@ def status(
     from dqa.errors import EXIT_RUNTIME, UsageError
     from dqa.regen import fleet_file as ff
     from dqa.regen import fleet_status as fs
+    from dqa.reports.fleet_table import status_table
 
     if quiet and watch:
         raise UsageError("--quiet prints nothing, so --watch would show nothing; drop one")
@@ -319,7 +221,7 @@ def status(
                     if json_out:
                         typer.echo(as_json(statuses, totals))
                     else:
-                        table, notes = _status_table(rec, statuses, totals)
+                        table, notes = status_table(rec, statuses, totals)
                         out.print(table)
                     time.sleep(interval)
                     statuses, totals = snapshot()
@@ -328,7 +230,7 @@ def status(
                 from rich.live import Live
 
                 def render(statuses, totals):
-                    table, notes = _status_table(rec, statuses, totals)
+                    table, notes = status_table(rec, statuses, totals)
                     return Group(table, *notes, f"refreshed {totals['checked_at']} every {interval:g} s; Ctrl-C to stop")
 
                 with Live(render(statuses, totals), console=out, auto_refresh=False) as live:
@@ -341,7 +243,7 @@ def status(
     elif json_out:
         typer.echo(as_json(statuses, totals))
     elif not quiet:
-        table, notes = _status_table(rec, statuses, totals)
+        table, notes = status_table(rec, statuses, totals)
         out.print(table)
         for n in notes:
             out.print(n)

@@ -65,130 +65,38 @@ def plan(
     """
     import json
 
-    from dqa.errors import UsageError
-    from dqa.regen import plan as planmod
+    from dqa.regen.plan import PlanInputs, make_plan
+    from dqa.reports.plan_table import print_plan
 
-    if samples is not None and findings is not None:
-        raise UsageError("give --samples or --findings, not both")
-    if fleet_hour_cost is not None and gpu_hour_cost is not None:
-        raise UsageError("give --gpu-hour-cost or --fleet-hour-cost, not both")
-    if gpus is not None and gpus < 1:
-        raise UsageError(f"--gpus {gpus}: a fleet has at least 1 GPU")
-    fleet_rec = None
-    if fleet is not None:
-        from dqa.regen.fleet_file import read_fleet
-
-        fleet_rec = read_fleet(fleet)
-        if gpus is None:
-            gpus = fleet_rec.gpu_count
-    if findings is not None:
-        samples = planmod.count_findings(findings)
-    # Checked before --calibrate, which spends minutes of real generation.
-    if samples is None:
-        raise UsageError("say how many samples: --samples N or --findings DIR")
-    for text in scenario:
-        planmod.parse_scenario(text, samples, 1.0, None)  # syntax only; the real parse follows
-
-    calibration = None
-    if calibrate:
-        if tok_per_s is not None or tok_per_gpu is not None or req_per_s is not None:
-            raise UsageError("--calibrate measures the throughput; drop --tok-per-s/--tok-per-gpu/--req-per-s")
-        if dataset is None:
-            raise UsageError("--calibrate needs --dataset (the prompts to send)")
-        if not endpoint and fleet is None:
-            raise UsageError("--calibrate needs --fleet FILE or --endpoint URL")
-        if endpoint and fleet is not None:
-            raise UsageError("give --fleet or --endpoint, not both")
-        if gpus is None:
-            gpus = len(endpoint) if endpoint else 1
-        progress = None
-        err = console(stderr=True)
-        if stderr_is_tty() and not quiet:
-            progress = err.status(f"calibrating: regenerating {sample} prompts")
-            progress.start()
-        try:
-            calibration = planmod.calibrate(
-                dataset=dataset,
-                findings=findings,
-                sample=sample,
-                fleet=fleet,
-                endpoints=list(endpoint),
-                out=calibrate_out,
-                protocol=protocol,
-                max_new_tokens=max_new_tokens,
-            )
-        finally:
-            if progress is not None:
-                progress.stop()
-        req_per_s = calibration.req_per_s
-        if avg_output_tokens is None:
-            avg_output_tokens = calibration.mean_output_tokens
-
-    if gpus is None:
-        gpus = 1
-    if fleet_hour_cost is not None:
-        gpu_hour_cost = fleet_hour_cost / gpus
-    if avg_output_tokens is None:
-        raise UsageError("say the mean output tokens per sample: --avg-output-tokens (or --calibrate)")
-
-    scenarios: list[planmod.Scenario] = []
-    given = [x for x in (tok_per_s, tok_per_gpu, req_per_s) if x is not None]
-    if len(given) > 1:
-        raise UsageError("give the throughput once: --tok-per-s, --tok-per-gpu or --req-per-s")
-    if given:
-        scenarios.append(
-            planmod.Scenario(
-                name="measured" if calibration else "given",
-                samples=samples,
-                avg_output_tokens=avg_output_tokens,
-                gpus=gpus,
-                tok_per_s=tok_per_s,
-                tok_per_gpu=tok_per_gpu,
-                req_per_s=req_per_s,
-                gpu_hour_cost=gpu_hour_cost,
-            )
-        )
-    # A scenario without its own price: the per-GPU price, or the fleet price over ITS GPUs.
-    scenarios += [
-        planmod.parse_scenario(
-            s, samples, avg_output_tokens,
-            default_cost=None if fleet_hour_cost is not None else gpu_hour_cost,
-            default_fleet_cost=fleet_hour_cost,
-        )
-        for s in scenario
-    ]
-    if not scenarios:
-        raise UsageError("say the throughput: --tok-per-s, --tok-per-gpu, --req-per-s, --scenario or --calibrate")
-    names = [s.name for s in scenarios]
-    dup = next((n for n in names if names.count(n) > 1), None)
-    if dup:
-        raise UsageError(f"--scenario name {dup!r} is used twice")
-    plans = [planmod.compute(s) for s in scenarios]
+    inputs = PlanInputs(
+        samples=samples,
+        findings=findings,
+        avg_output_tokens=avg_output_tokens,
+        tok_per_s=tok_per_s,
+        tok_per_gpu=tok_per_gpu,
+        req_per_s=req_per_s,
+        gpus=gpus,
+        fleet=fleet,
+        gpu_hour_cost=gpu_hour_cost,
+        fleet_hour_cost=fleet_hour_cost,
+        scenarios=tuple(scenario),
+        calibrate=calibrate,
+        endpoints=tuple(endpoint),
+        sample=sample,
+        dataset=dataset,
+        calibrate_out=calibrate_out,
+        protocol=protocol,
+        max_new_tokens=max_new_tokens,
+    )
+    spinner = None
+    if stderr_is_tty() and not quiet:
+        spinner = console(stderr=True).status  # entered around the calibration run only
+    result = make_plan(inputs, progress=spinner)
 
     if json_out:
-        typer.echo(
-            json.dumps(
-                {"scenarios": [p.to_dict() for p in plans], "calibration": calibration.to_dict() if calibration else None},
-                indent=2,
-            )
-        )
-        return
-    if quiet:
-        return
-    from rich.table import Table
-
-    out = console(stderr=False)
-    if calibration is not None:
-        out.print(calibration.summary())
-    table = Table(title="dqa plan", title_justify="left")
-    table.add_column("")
-    for p in plans:
-        table.add_column(p.name, justify="right")
-    for label, cells in planmod.table_rows(plans):
-        table.add_row(label, *cells)
-    out.print(table)
-    if any(p.cost is None for p in plans):
-        out.print("cost: give --gpu-hour-cost (or --fleet-hour-cost) to price the run")
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    elif not quiet:
+        print_plan(result, console(stderr=False))
 
 
 def register(app: typer.Typer) -> None:

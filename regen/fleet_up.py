@@ -1,0 +1,309 @@
+"""Bring a fleet up from Python: what `dqa fleet up` does, without printing.
+
+    spec = FleetSpec(model="/models/Qwen3.6-27B", gpus="0-6", stage=Path("/dev/shm"), mtp=True,
+                     extra=("--kv-cache-dtype", "fp8_e4m3"))
+    print(prepare_launch(spec, dry_run=True).script())   # the bash script, nothing started
+    result = launch_fleet(spec)                           # servers healthy, fleet file written
+
+``prepare_launch`` checks the options, works out the model path each server loads (the staged
+copy with ``stage``) and builds one command per GPU; nothing is started or written. With
+``dry_run=True`` a model folder that is not on this machine is allowed: the script is made
+anyway and ``notes`` say which model-dependent choices were made without it. ``launch_fleet``
+stages the model, starts the servers, writes the fleet file and waits until every server
+generates; ``LaunchEvents`` is how a caller shows progress (the CLI: bars, log tails).
+The building blocks (argument lists, staging, health, stopping) are in ``fleet_launch``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Sequence
+
+from dqa.errors import InputError, RuntimeFailure, UsageError
+
+from . import fleet_file as ff
+from . import fleet_launch as fl
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """What to launch: one field per `dqa fleet up` option, with its default.
+
+    ``gpus`` is a list text (``"0-6"``, ``"0,2,5"``) or ids; ``env`` is ``KEY=VALUE`` texts or a
+    dict; ``context_length``/``max_running_requests`` 0 mean the server's own default;
+    ``reasoning_parser`` ``"none"`` leaves it off; ``python`` ``None`` is the running Python;
+    ``log_dir`` ``None`` is ``fleet-logs/`` next to the fleet file; ``extra`` goes to every
+    server unchanged.
+    """
+
+    model: str
+    gpus: str | Sequence[str] = "0"
+    engine: str = "sglang"
+    stage: Path | None = None
+    mtp: bool = False
+    mamba_extra_buffer: str = "auto"
+    port_base: int = 30000
+    host: str = "127.0.0.1"
+    advertise_host: str | None = None
+    context_length: int = 8192
+    max_running_requests: int = 48
+    reasoning_parser: str = "qwen3"
+    metrics: bool = True
+    python: str | None = None
+    env: Sequence[str] | dict[str, str] = ()
+    fleet: Path = Path(ff.DEFAULT_FLEET_FILE)
+    log_dir: Path | None = None
+    timeout: float = 900.0
+    keep_on_failure: bool = False
+    force: bool = False
+    extra: Sequence[str] = ()
+
+
+@dataclass
+class PreparedLaunch:
+    """A checked ``FleetSpec``: the launch spec, one command per GPU, the staging copy
+    ``(source folder, copy)`` if any, and ``notes`` (model-dependent choices made without the
+    model: only with ``dry_run`` and a model folder that is not here)."""
+
+    spec: FleetSpec
+    launch: fl.LaunchSpec
+    commands: list[fl.ServerCommand]
+    stage: tuple[Path, Path] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fleet_path(self) -> Path:
+        """The fleet file to write."""
+        return Path(self.spec.fleet)
+
+    def script(self) -> str:
+        """The bash script of ``--dry-run``: the notes as comment lines, the staging copy, then
+        every server in the background with its log (see ``fleet_launch.dry_run_script``)."""
+        text = fl.dry_run_script(self.commands, self.spec.engine, self.stage)
+        if not self.notes:
+            return text
+        head, _, rest = text.partition("\n")
+        return "\n".join([head, *(f"# note: {n}" for n in self.notes), rest])
+
+
+@dataclass
+class LaunchResult:
+    """A fleet that is up: its record (as written to ``fleet_path``) and how long the servers
+    took to become healthy."""
+
+    fleet_path: Path
+    record: ff.Fleet
+    elapsed_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fleet file's JSON object (what `dqa fleet up --json` prints)."""
+        return ff.to_dict(self.record)
+
+
+class LaunchEvents:
+    """What ``launch_fleet`` reports as it goes; every hook does nothing here. Subclass it to
+    show progress (the CLI shows bars on a terminal and log tails on stderr)."""
+
+    def staging(self, src: Path) -> ContextManager[Progress | None]:
+        """Entered around the staging copy of ``src``; yields ``on_progress(done, total)`` bytes or None."""
+        return contextlib.nullcontext(None)
+
+    def staged(self, src: Path, dest: Path, copied: bool) -> None:
+        """The copy is in place (``copied`` False: an identical copy was there already)."""
+
+    def waiting(self, servers: int, engine: str) -> ContextManager[Progress | None]:
+        """Entered while waiting for health; yields ``on_progress(healthy, total)`` or None."""
+        return contextlib.nullcontext(None)
+
+    def server_failed(self, gpu: str, log: Path, tail: list[str]) -> None:
+        """A server exited or was not healthy in time; ``tail``: the last lines of its log."""
+
+    def not_stopped(self, gpu: str, pid: int, outcome: str) -> None:
+        """After a failed start, a server that could not be stopped (its record is kept)."""
+
+
+def _model_is_a_path(model: str, stage: Path | None) -> bool:
+    """True when ``model`` names a folder rather than a hub id: an absolute path, one starting
+    with . or ~, or anything to be staged (only a folder can be copied)."""
+    return stage is not None or os.path.isabs(model) or model.startswith((".", "~"))
+
+
+def _missing_model_notes(spec: FleetSpec, model: str) -> list[str]:
+    """What a dry run without the model folder decided without it (see ``prepare_launch``)."""
+    notes = [f"model folder {model} not found on this machine; the script needs it where it runs"]
+    if spec.engine == "sglang" and spec.mtp and spec.mamba_extra_buffer == "auto":
+        notes.append(
+            "hybrid-Mamba detection (--mtp with --mamba-extra-buffer auto) needs its config.json: "
+            "assumed not hybrid, so no --mamba-scheduler-strategy extra_buffer (pass --mamba-extra-buffer on for a hybrid model)"
+        )
+    if spec.stage is not None:
+        notes.append(
+            f"--stage free-space check needs the model's size: not done (`dqa fleet up` checks {spec.stage} at run time; the script's cp does not)"
+        )
+    return notes
+
+
+def prepare_launch(spec: FleetSpec, dry_run: bool = False) -> PreparedLaunch:
+    """Check ``spec`` and build the server commands; starts and writes nothing.
+
+    Raises ``UsageError`` for an unknown engine, a malformed GPU list or ``--env`` item, ``mtp``
+    with an engine other than sglang, a bad mamba mode or port range, and ``stage`` with a
+    model folder that does not exist (allowed with ``dry_run``: then ``notes`` say what was
+    decided without it).
+    """
+    if spec.engine not in ff.ENGINES:
+        raise UsageError(f"--engine {spec.engine!r}: expected one of {', '.join(ff.ENGINES)}")
+    gpu_list = fl.parse_gpus(spec.gpus) if isinstance(spec.gpus, str) else fl.parse_gpus(",".join(spec.gpus))
+    if isinstance(spec.env, dict):
+        for key in spec.env:
+            fl.check_env_key(key)
+        env_map = dict(spec.env)
+    else:
+        env_map = fl.parse_env(spec.env)
+    fleet = Path(spec.fleet)
+    log_dir = Path(spec.log_dir) if spec.log_dir is not None else fleet.parent / "fleet-logs"
+
+    model_path = Path(spec.model).expanduser()
+    local = model_path.exists()
+    missing = not local and dry_run and _model_is_a_path(spec.model, spec.stage)
+    model_arg = str(model_path.resolve()) if local else spec.model
+    if spec.stage is not None and not local and not missing:
+        raise UsageError(f"--stage needs a local model folder; {spec.model} does not exist")
+    stage_pair = None
+    if spec.stage is not None:
+        src = model_path.resolve() if local else Path(os.path.abspath(model_path))
+        stage_dest = Path(os.path.abspath(spec.stage)) / src.name
+        stage_pair = (src, stage_dest)
+        model_arg = str(stage_dest)
+
+    launch = fl.LaunchSpec(
+        model=model_arg,
+        gpus=gpu_list,
+        engine=spec.engine,
+        host=spec.host,
+        advertise_host=spec.advertise_host,
+        port_base=spec.port_base,
+        context_length=spec.context_length or None,
+        max_running_requests=spec.max_running_requests or None,
+        reasoning_parser=None if spec.reasoning_parser.lower() in ("", "none") else spec.reasoning_parser,
+        enable_metrics=spec.metrics,
+        mtp=spec.mtp,
+        mamba_extra_buffer=spec.mamba_extra_buffer,
+        python=spec.python or sys.executable,
+        extra=list(spec.extra or []),
+        env=env_map,
+        log_dir=log_dir,
+        # Read from the source folder: a staged copy may not exist yet (--dry-run). Not here:
+        # not hybrid (the note says so).
+        hybrid=fl.is_hybrid_mamba(str(model_path)) if local else (False if missing else None),
+    )
+    if spec.mtp and spec.engine != "sglang":
+        raise UsageError("--mtp is an SGLang option; drop it with --engine transformers")
+    commands = fl.build_commands(launch)
+    notes = _missing_model_notes(spec, str(model_path)) if missing else []
+    return PreparedLaunch(spec=spec, launch=launch, commands=commands, stage=stage_pair, notes=notes)
+
+
+def _refuse_to_overwrite(fleet: Path, force: bool) -> None:
+    """Raise ``UsageError`` when ``fleet`` records a fleet that still runs, and ``InputError``
+    when it cannot be read as a fleet file (it may be the only record of a running fleet, or
+    not a fleet file at all) unless ``force``."""
+    if not fleet.is_file():
+        return
+    try:
+        old = ff.read_fleet(fleet)
+    except InputError as exc:
+        if not force:
+            raise InputError(f"{exc}; refusing to overwrite it (pass --force, or another --fleet)") from None
+        old = None
+    if old is not None and any(fl.endpoint_alive(e) for e in old.endpoints):
+        raise UsageError(f"{fleet} records a fleet that is still running; `dqa fleet down --fleet {fleet}` first or pass another --fleet")
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """Inside, SIGTERM cleans up like Ctrl-C (only in the main thread, where signals land)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _terminated(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def launch_fleet(spec: FleetSpec, events: LaunchEvents | None = None) -> LaunchResult:
+    """Start one server per GPU, write the fleet file, and wait until every server is healthy.
+
+    The fleet file is written before the wait, so `dqa fleet down` can stop the servers even if
+    this process dies. When a server fails (or on Ctrl-C/SIGTERM once they are started) the
+    servers already started are stopped (unless ``keep_on_failure``) and the fleet file is removed,
+    kept only while one could not be stopped. Returns the ``LaunchResult``. Raises
+    ``UsageError``/``InputError`` for bad options (see ``prepare_launch``), a fleet file that
+    records a running fleet or cannot be read, or a busy port; ``fleet_launch.ServerFailed``
+    naming the GPU and log of a server that exited or timed out; ``RuntimeFailure`` when
+    interrupted while waiting.
+    """
+    events = events or LaunchEvents()
+    prepared = prepare_launch(spec)
+    fleet = prepared.fleet_path
+    _refuse_to_overwrite(fleet, spec.force)
+
+    if prepared.stage is not None:
+        src = prepared.stage[0]
+        with events.staging(src) as on_progress:
+            dest, copied = fl.stage_model(src, spec.stage, on_progress)
+        events.staged(src, dest, copied)
+
+    cmds = prepared.commands
+    fl.check_ports_free(cmds, spec.host)
+    t0 = time.monotonic()
+    servers = fl.start_servers(cmds)
+    # From here on, a failure, Ctrl-C or SIGTERM (even one that lands while the fleet file is
+    # being written) stops the servers just started.
+    try:
+        with _sigterm_as_interrupt():
+            record = ff.Fleet(
+                engine=spec.engine,
+                protocol=fl.PROTOCOL[spec.engine],
+                model=prepared.launch.model,
+                endpoints=[s.endpoint() for s in servers],
+                created_at=ff.now_iso(),
+            )
+            # Written before the wait, so `fleet down` can stop the servers even if dqa is killed here.
+            ff.write_fleet(fleet, record)
+            with events.waiting(len(servers), spec.engine) as on_progress:
+                fl.wait_healthy(servers, spec.engine, spec.timeout, on_progress=on_progress)
+    except BaseException as exc:
+        if isinstance(exc, fl.ServerFailed):
+            events.server_failed(exc.gpu, exc.log, fl.log_tail(exc.log))
+        left = []
+        if not spec.keep_on_failure:
+            outcomes = fl.stop_started(servers, grace=10.0)
+            left = [(s, o) for s, o in zip(servers, outcomes) if not fl.stopped(o)]
+            if left:  # keep the record so `fleet down` can retry them
+                for s, o in left:
+                    events.not_stopped(s.command.gpu, s.process.pid, o)
+            else:
+                fleet.unlink(missing_ok=True)
+        if isinstance(exc, KeyboardInterrupt):
+            what = "interrupted" if spec.keep_on_failure else "interrupted while waiting for the fleet; servers stopped"
+            if left:
+                what = f"interrupted; {len(left)} server(s) could not be stopped, see {fleet}"
+            raise RuntimeFailure(what) from None
+        raise
+    return LaunchResult(fleet_path=fleet, record=record, elapsed_s=time.monotonic() - t0)

@@ -1,0 +1,76 @@
+"""What the `dqa fleet` commands show people: the status table of `fleet status` and the lines
+`fleet up` prints once the fleet is healthy."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from dqa.regen.fleet_file import Fleet
+    from dqa.regen.fleet_status import EndpointStatus
+    from dqa.regen.fleet_up import LaunchResult
+
+STATUS_COLUMNS = ("GPU", "endpoint", "up", "gen tok/s", "running", "queued", "KV", "accept", "requests", "gen tokens", "cache hit", "source")
+
+
+def _fmt(v: float | None, spec: str = ",.0f", none: str = "-") -> str:
+    return none if v is None else format(v, spec)
+
+
+def _hit(prompt: float | None, cached: float | None) -> str:
+    return "-" if not prompt or cached is None else f"{cached / prompt:.0%}"
+
+
+def status_table(fleet_rec: Fleet, statuses: Sequence[EndpointStatus], totals: dict[str, Any]) -> tuple[Table, list[str]]:
+    """The `fleet status` table (one row per endpoint, then the fleet's sums in row "all") and
+    the distinct notes of the endpoints (e.g. why figures are missing), sorted."""
+    from rich.table import Table
+
+    t = Table(title=f"fleet: {fleet_rec.engine}, {fleet_rec.model}", title_justify="left")
+    for col in STATUS_COLUMNS:
+        left = col in ("GPU", "endpoint", "up", "source")
+        t.add_column(col, justify="left" if left else "right", no_wrap=col == "endpoint")
+    for s in statuses:
+        t.add_row(
+            s.gpu or "-",
+            s.url,
+            "[green]up[/]" if s.up else "[red]down[/]",
+            _fmt(s.gen_tok_per_s),
+            _fmt(s.running),
+            _fmt(s.queued),
+            _fmt(s.kv_usage, ".0%"),
+            _fmt(s.accept_len, ".2f"),
+            _fmt(s.requests_total),
+            _fmt(s.generation_tokens_total),
+            _hit(s.prompt_tokens_total, s.cached_tokens_total),
+            s.source,
+        )
+    t.add_section()
+    t.add_row(
+        "all",
+        f"{totals['endpoints']} endpoints",
+        f"{totals['up']}/{totals['endpoints']}",
+        _fmt(totals["gen_tok_per_s"]),
+        _fmt(totals["running"]),
+        _fmt(totals["queued"]),
+        _fmt(totals["kv_usage"], ".0%"),
+        _fmt(totals["accept_len"], ".2f"),
+        _fmt(totals["requests_total"]),
+        _fmt(totals["generation_tokens_total"]),
+        _hit(totals["prompt_tokens_total"], totals["cached_tokens_total"]),
+        "",
+    )
+    notes = sorted({s.note for s in statuses if s.note})
+    return t, notes
+
+
+def up_lines(result: LaunchResult) -> list[str]:
+    """What `fleet up` prints when the fleet is healthy: a summary line, then one line per GPU."""
+    rec = result.record
+    lines = [
+        f"fleet up: {len(rec.endpoints)} {rec.engine} server(s) healthy in {result.elapsed_s:.1f} s; fleet file {result.fleet_path}"
+    ]
+    lines += [f"  GPU {e.gpu}: {e.url} pid {e.pid} log {e.log}" for e in rec.endpoints]
+    return lines
