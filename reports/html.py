@@ -30,6 +30,7 @@ from dqa.errors import InputError
 from dqa.formatting import human_count, human_duration
 from dqa.regen.progress import GAP_S, LIVE_STATES, work_spans
 from dqa.reports.svg import Series, esc, grouped_bars, line_chart
+from dqa.reports.scan_order import root_cause, root_cause_legend
 
 TEMPLATE_TEXT_MAX = 600
 IDS_PER_CHECK = 5
@@ -299,18 +300,21 @@ def _section_findings(inp: ReportInputs) -> str:
         for name, grp in ex.group_by("reasons", maintain_order=True):
             ids[str(name[0] if isinstance(name, tuple) else name)] = grp["key"].head(IDS_PER_CHECK).to_list()
     rows = []
-    # Root cause first, as in the terminal table: the samples a check explains best, then all it flags.
-    for name, c in sorted(checks.items(), key=lambda kv: (-int(kv[1].get("primary", 0)), -int(kv[1].get("count", 0)), kv[0])):
+    # As in the terminal table: most samples first, the root cause marked and explained under the table.
+    cause = root_cause(inp.summary) if checks else None
+    for name, c in sorted(checks.items(), key=lambda kv: (-int(kv[1].get("count", 0)), kv[0])):
         cls = "bad" if c.get("count") else "ok"
+        mark = ' <span class="cause">◀ root cause</span>' if cause and name == cause[0] else ""
         sample = ", ".join(_id(i) for i in ids.get(name, []))
         # summary.json checks carry a short label and the full "flags when" sentence (FORMATS.md).
         label, flags_when = str(c.get("label") or ""), str(c.get("flags_when") or "")
         rows.append(
-            f'<tr class="{cls}"><td><code>{esc(name)}</code></td><td title="{esc(flags_when)}">{esc(label or flags_when)}</td>'
+            f'<tr class="{cls}"><td><code>{esc(name)}</code>{mark}</td><td title="{esc(flags_when)}">{esc(label or flags_when)}</td>'
             f'<td class="n">{_num(c.get("count", 0))}</td><td class="n">{_pct(float(c.get("share", 0.0)))}</td><td>{sample}</td></tr>'
         )
     head = "<tr><th>check</th><th>flags</th><th>rows</th><th>share</th><th>first samples</th></tr>"
-    return f"<section><h2>Findings</h2><table>{head}{''.join(rows)}</table></section>"
+    legend = f'<p class="note">◀ {esc(root_cause_legend(*cause))}.</p>' if cause else ""
+    return f"<section><h2>Findings</h2><table>{head}{''.join(rows)}</table>{legend}</section>"
 
 
 def _section_templates(inp: ReportInputs) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from dqa.reports.markdown_validation import md_code, md_escape
+from dqa.reports.scan_order import checks_by_samples, root_cause, root_cause_legend
 
 
 def template_repr(text: str, limit: int = 80) -> str:
@@ -17,14 +18,6 @@ def template_repr(text: str, limit: int = 80) -> str:
     if len(shown) > limit:
         shown = shown[: limit - 1] + "…"
     return f'"{shown}"'
-
-
-def ranked_checks(summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """Checks with at least one flagged sample, the biggest root cause first: by the samples the
-    check explains best (``primary``: a degenerate "OK." sample counts for degenerate_template,
-    not for the short_response it also is), then by all samples it flags."""
-    items = [(n, c) for n, c in summary["checks"].items() if c["count"] > 0]
-    return sorted(items, key=lambda kv: (-kv[1].get("primary", 0), -kv[1]["count"], kv[0]))
 
 
 def render_scan_markdown(summary: dict[str, Any]) -> str:
@@ -41,10 +34,15 @@ def render_scan_markdown(summary: dict[str, Any]) -> str:
         "| check | samples | share | flags a sample when |",
         "| --- | ---: | ---: | --- |",
     ]
-    for name, c in ranked_checks(summary):
-        lines.append(f"| `{name}` | {c['count']:,} | {c['share']:.1%} | {md_escape(c['flags_when'], 400)} |")
-    if not ranked_checks(summary):
+    cause = root_cause(summary)
+    ordered = checks_by_samples(summary)
+    for name, c in ordered:
+        mark = " ◀ root cause" if cause and name == cause[0] else ""
+        lines.append(f"| `{name}`{mark} | {c['count']:,} | {c['share']:.1%} | {md_escape(c['flags_when'], 400)} |")
+    if not ordered:
         lines.append("| (none) | 0 | 0.0% | every check passed |")
+    if cause:
+        lines += ["", f"◀ {root_cause_legend(*cause)}."]
     if summary.get("degenerate_templates"):
         lines += ["", "## Degenerate templates", "", "| samples | share | tokens | supervised text |", "| ---: | ---: | ---: | --- |"]
         for t in summary["degenerate_templates"]:

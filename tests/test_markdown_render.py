@@ -90,7 +90,7 @@ def test_scan_summary_md_survives_hostile_template_text():
     }
     page = rendered(render_scan_markdown(summary))
     assert all(len(r) == 4 for r in page.rows)
-    check_row = [r for r in page.rows if r[0] == "degenerate_template"][0]
+    check_row = [r for r in page.rows if r[0] == "degenerate_template ◀ root cause"][0]
     assert check_row[3] == "a | b <x> *y*"
     tpl = [r for r in page.rows if r[3].startswith('"')][0][3]
     assert "<think>" in tpl and "a|b `tick` *star* _under_ [link](x) ~~s~~ &amp; back\\\\slash\\\\|" in tpl

@@ -79,3 +79,22 @@ def test_a_template_cut_short_in_the_table_is_printed_whole_below_it():
     lines = _render(example_summary(), width=80)
     assert any(ln.startswith("degenerate templates") for ln in lines)
     assert any('"<think>\\n\\n</think>\\n\\nOK.<|im_end|>"' in ln for ln in lines)
+
+
+def test_summary_md_and_the_html_report_use_the_same_order_and_mark():
+    """summary.md lists checks by samples flagged, marks the root cause and explains the mark."""
+    from dqa.reports.scan_markdown import render_scan_markdown
+
+    summary = {
+        "dataset": "d", "rows": 1000, "failing_rows": 900, "failing_share": 0.9, "tokens": 1, "supervised_tokens": 1,
+        "thinking_expected": True, "thinking_inferred": True, "thinking_share": 0.9, "supervised_tokens_distribution": {},
+        "checks": {
+            "degenerate_template": {"count": 360, "share": 0.36, "primary": 360, "flags_when": "recurs"},
+            "empty_thinking": {"count": 480, "share": 0.48, "primary": 120, "flags_when": "empty"},
+            "short_response": {"count": 420, "share": 0.42, "primary": 0, "flags_when": "short"},
+        },
+    }
+    md = render_scan_markdown(summary)
+    order = [line.split("|")[1].strip() for line in md.splitlines() if line.startswith("| `")]
+    assert order == ["`empty_thinking`", "`short_response`", "`degenerate_template` ◀ root cause"]
+    assert "◀ root cause: degenerate_template, first reason of 360 failing samples" in md
