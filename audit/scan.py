@@ -26,8 +26,9 @@ import pyarrow.parquet as pq
 from dqa import atomic
 from dqa.memory import reuse_freed_memory
 from dqa.audit import checks as checks_mod
+from dqa.audit import identity
 from dqa.audit.kernels import KernelTables, batch_metrics
-from dqa.audit.readers import Dataset, TokenBatch, dataset_name, open_dataset
+from dqa.audit.readers import Dataset, TokenBatch, open_dataset
 from dqa.audit.template import TemplateSpec, load_template
 from dqa.errors import InputError
 
@@ -53,12 +54,14 @@ class ScanOptions:
 
 @dataclass
 class ScanResult:
-    """What a scan produced: the output folder, the summary dict and the two tables."""
+    """What a scan produced: the output folder, the summary dict, the two tables, and the names of the
+    previous scan's validation/gate/report outputs it removed from the folder (``dropped``)."""
 
     out_dir: Path
     summary: dict[str, Any]
     metrics: pl.DataFrame
     findings: pl.DataFrame
+    dropped: list[str] = field(default_factory=list)  # outputs of the previous scan this rescan removed
 
 
 ProgressFn = Callable[[int, int], None]  # (rows done so far, tokens done so far)
@@ -68,8 +71,14 @@ SCAN_FILES = ("metrics.parquet", "findings.parquet", "summary.json", "summary.md
 
 
 def default_out_dir(dataset: str | Path) -> Path:
-    """``dqa-out/<dataset name>/`` in the current folder (``train.v2.parquet`` -> ``dqa-out/train.v2/``)."""
-    return Path("dqa-out") / dataset_name(dataset)
+    """The scan folder of ``dataset`` by default, keyed by its identity (``dqa.audit.identity``).
+
+    ``dqa-out/<dataset name>/`` (``train.v2.parquet`` -> ``dqa-out/train.v2/``) unless that folder
+    holds the scan of another dataset of the same name; then ``dqa-out/<parent>-<name>/``
+    (``release/example.parquet`` -> ``dqa-out/release-example/``), then ``dqa-out/<name>-<hash>/``.
+    A folder already holding this dataset's scan is preferred. Never raises.
+    """
+    return identity.default_scan_dir(dataset)
 
 
 def is_scan_folder(path: Path) -> bool:
@@ -82,10 +91,7 @@ def scan_fingerprint(ds: Dataset, options: ScanOptions) -> dict[str, Any]:
 
     Two scans with equal fingerprints give equal results, so a stored scan can be reused.
     """
-    files = []
-    for f in ds.files:
-        st = f.stat()
-        files.append([str(f.resolve()), st.st_size, st.st_mtime_ns])
+    files = identity.files_fingerprint(ds.files)
     opts = {k: v for k, v in asdict(options).items() if k != "batch_rows"}
     return {"files": files, "options": json.loads(json.dumps(opts, sort_keys=True, default=str))}
 
@@ -248,10 +254,16 @@ def run_scan(
     options: ScanOptions | None = None,
     progress: ProgressFn | None = None,
 ) -> ScanResult:
-    """Scan ``dataset`` and write the scan folder to ``out_dir`` (default ``dqa-out/<name>/``).
+    """Scan ``dataset`` and write the scan folder to ``out_dir`` (default ``default_out_dir``).
+
+    A folder holding another dataset's scan is refused; a rescan of the same dataset replaces
+    the scan files, keeps what other commands put in the folder, and drops the validation,
+    gate and report outputs of the previous scan when this one differs from it (other files
+    or options): see ``dqa.audit.identity``.
 
     Returns a ``ScanResult``. Raises ``InputError`` for unreadable or malformed
-    input (nothing is written then) and ``OSError`` for output failures.
+    input or a folder holding another dataset's scan (nothing is written then) and
+    ``OSError`` for output failures.
     """
     options = options or ScanOptions()
     t0 = time.perf_counter()
@@ -267,7 +279,11 @@ def run_scan(
     tables = KernelTables.build(spec)
     out = Path(out_dir) if out_dir is not None else default_out_dir(dataset)
     atomic.check_output_dir(out, [Path(dataset)], is_scan_folder, "dqa scan folder")
+    previous = identity.read_summary(out) if is_scan_folder(out) else None
+    identity.check_scan_folder(out, dataset, previous)
     fingerprint = scan_fingerprint(ds, options)
+    # Outputs made from the previous scan stay only when this scan is the same one (same files, options).
+    dropped = [] if previous is None or previous.get("fingerprint") == fingerprint else identity.derived_outputs(out)
     work = atomic.make_work_dir(out)
     try:
         part = work / "metrics.part.parquet"
@@ -302,15 +318,16 @@ def run_scan(
 
         atomic.write_json(work / "summary.json", summary)
         atomic.write_text(work / "summary.md", render_scan_markdown(summary))
-        # validate/gate/report outputs that live in the scan folder survive a rescan.
-        atomic.replace_dir(work, out, keep=lambda name: name not in SCAN_FILES and not name.startswith(atomic.TMP_PREFIX))
+        # validate/gate/report outputs that live in the scan folder survive a rescan that gives the same scan.
+        atomic.replace_dir(work, out, keep=lambda name: name not in SCAN_FILES and name not in dropped
+                           and not name.startswith(atomic.TMP_PREFIX))
     except OSError as exc:
         shutil.rmtree(work, ignore_errors=True)
         raise atomic.named_os_error(exc, out) from exc
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    return ScanResult(out_dir=out, summary=summary, metrics=metrics, findings=findings)
+    return ScanResult(out_dir=out, summary=summary, metrics=metrics, findings=findings, dropped=dropped)
 
 
 def _summary(
@@ -341,6 +358,7 @@ def _summary(
     }
     return {
         "dataset": str(ds.path),
+        "dataset_path": identity.dataset_path(ds.path),
         "format": ds.format,
         "convention": ds.columns.convention,
         "columns": {"ids": ds.columns.ids, "supervision": ds.columns.supervision, "id": ds.columns.id},

@@ -132,16 +132,31 @@ def compute_drift(release: pl.DataFrame, baseline: pl.DataFrame, thr: DriftThres
     return {"checks": checks, "quantiles": quantiles, "passed": all(c["passed"] for c in checks)}
 
 
-def _reasons(validation: dict[str, Any], drift: dict[str, Any] | None) -> list[str]:
-    from dqa.reports.markdown_validation import describe_kwargs, describe_observed, describe_unexpected
+def expectation_reason(e: dict[str, Any]) -> str:
+    """One failed or errored expectation of a validation summary as a sentence.
 
-    out = []
-    for e in validation["expectations"]:
-        if e["status"] == "fail":
-            seen = describe_unexpected(e) or describe_observed(e)
-            out.append(f"{e['severity']} expectation #{e['index']} {e['title']} failed ({describe_kwargs(e['kwargs'])}; observed {seen})")
-        elif e["status"] == "error":
-            out.append(f"expectation #{e['index']} {e['title']} could not be evaluated: {e.get('exception')}")
+    ``critical expectation #5 supervised_tokens ... failed (expected min 16, max 32768, mostly 0.99):
+    40 unexpected rows (44.44%)``; the bounds part only when the expectation has bounds, then the
+    unexpected rows, else the observed value.
+    """
+    from dqa.reports.markdown_validation import describe_kwargs, describe_observed
+
+    if e["status"] == "error":
+        return f"expectation #{e['index']} {e['title']} could not be evaluated: {e.get('exception')}"
+    text = f"{e['severity']} expectation #{e['index']} {e['title']} failed"
+    bounds = describe_kwargs(e.get("kwargs") or {})
+    if bounds:
+        text += f" (expected {bounds})"
+    n = e.get("unexpected_count")
+    if n is not None:
+        return text + f": {n:,} unexpected row{'' if n == 1 else 's'} ({e.get('unexpected_percent') or 0.0:.2f}%)"
+    seen = describe_observed(e)
+    return text + (f": observed {seen}" if seen else "")
+
+
+def _reasons(validation: dict[str, Any], drift: dict[str, Any] | None) -> list[str]:
+    """Why the gate fails: each failed or errored expectation, then each failed drift check."""
+    out = [expectation_reason(e) for e in validation["expectations"] if e["status"] in ("fail", "error")]
     for c in (drift or {}).get("checks", []):
         if not c["passed"]:
             out.append(f"drift: {c['name']} {c['value']:.4g} outside {c['threshold_text']}")
@@ -186,7 +201,8 @@ def _gate_into(work: Path, out: Path, release: ScanFolder, suite: Suite, baselin
     from dqa.reports.junit import Case, JUnitSuite, validation_testsuite, write_junit
     from dqa.reports.markdown_validation import render_gate_markdown
 
-    v = validate_to_folder(release.metrics, suite, work / "validation", fail_on, max_ids, docs, source=str(release.path / "metrics.parquet"))
+    v = validate_to_folder(release.metrics, suite, work / "validation", fail_on, max_ids, docs,
+                           source=str(release.path / "metrics.parquet"), scan=release.record())
     summary = v.summary()
     drift = compute_drift(release.metrics, baseline.metrics, thr) if baseline is not None else None
     passed = v.success and (drift is None or drift["passed"])
@@ -194,6 +210,7 @@ def _gate_into(work: Path, out: Path, release: ScanFolder, suite: Suite, baselin
         "verdict": "pass" if passed else "fail",
         "release": release.dataset,
         "release_scan": str(release.path),
+        "scan": release.record(),
         "baseline": baseline.dataset if baseline is not None else None,
         "baseline_scan": str(baseline.path) if baseline is not None else None,
         "suite": suite.name,
@@ -237,13 +254,14 @@ def gate_release(
 ) -> dict[str, Any]:
     """``dqa gate`` from Python: scan (or reuse scan folders), validate, compare; returns ``gate.json``'s dict.
 
-    ``release`` and ``baseline`` are datasets (scanned into ``dqa-out/<name>/``, the baseline
-    into ``<name>-baseline`` when the names collide) or scan folders. ``out_dir`` defaults to
+    ``release`` and ``baseline`` are datasets (each scanned into its own default scan folder,
+    ``dqa.audit.scan.default_out_dir``, which keeps same-named datasets apart) or scan folders.
+    A baseline that is the release itself is a ``UsageError``. ``out_dir`` defaults to
     ``RELEASE_SCAN_FOLDER/gate/``. ``result["verdict"]`` is ``pass`` or ``fail``. Raises
     ``InputError`` / ``RuntimeFailure`` (exit codes 2 / 3 on the CLI). ``progress(rows, tokens)``
     is called during fresh scans.
     """
-    from dqa.audit.scan import default_out_dir
+    from dqa.errors import UsageError
     from dqa.expectations.source import obtain_scan
     from dqa.expectations.suites import check_fail_on, load_suite
 
@@ -252,13 +270,8 @@ def gate_release(
     rel = obtain_scan(release, tokenizer=tokenizer, thinking=thinking, progress=progress)
     base = None
     if baseline is not None:
-        base_out = default_out_dir(baseline)
-        if base_out.resolve() == rel.path.resolve():
-            base_out = base_out.with_name(base_out.name + "-baseline")
-        base = obtain_scan(baseline, scan_out=base_out, tokenizer=tokenizer, thinking=thinking, progress=progress)
+        base = obtain_scan(baseline, tokenizer=tokenizer, thinking=thinking, progress=progress)
         if base.path.resolve() == rel.path.resolve():
-            from dqa.errors import UsageError
-
             raise UsageError(f"baseline {baseline}: resolves to the release's own scan folder {rel.path}")
     out = out_dir if out_dir is not None else rel.path / "gate"
     return run_gate(rel, spec, out, base, fail_on, thresholds, max_ids=max_ids, docs=docs)

@@ -30,6 +30,12 @@ class ScanFolder:
         """The scanned dataset's path as the scan recorded it (else the folder)."""
         return str(self.summary.get("dataset") or self.path)
 
+    def record(self) -> dict[str, Any]:
+        """What a validation or gate made from this scan records about it (``identity.scan_record``)."""
+        from dqa.audit.identity import scan_record
+
+        return scan_record(self.path, self.summary)
+
 
 def is_scan_folder(path: str | Path) -> bool:
     """True when ``path`` is a folder holding ``metrics.parquet``."""
@@ -105,24 +111,52 @@ def obtain_scan(
     progress: Callable[[int, int], None] | None = None,
 ) -> ScanFolder:
     """The metrics for ``target``: ``metrics_dir`` if given, ``target`` itself if it is a scan
-    folder, otherwise the scan in ``scan_out`` (default ``dqa-out/<dataset name>/``): reused
-    when it was made from the same, unchanged files with the same options, else made afresh
-    with ``run_scan(target)``.
+    folder, otherwise the scan in ``scan_out`` (default ``dqa.audit.scan.default_out_dir``):
+    reused when it was made from the same, unchanged files with the same options, else made
+    afresh with ``run_scan(target)``.
 
-    Raises ``InputError`` for a missing target or unreadable input (from the scan too).
+    Raises ``InputError`` for a missing target or unreadable input (from the scan too), for a
+    ``scan_out`` holding another dataset's scan, and for a ``metrics_dir`` whose scan records
+    another dataset than ``target`` or files of ``target`` that changed since (``check_metrics_of``).
     """
     if metrics_dir is not None:
-        return load_scan_folder(metrics_dir)
+        scan = load_scan_folder(metrics_dir)
+        if target is not None and Path(target).resolve() != Path(metrics_dir).resolve():
+            check_metrics_of(scan, target)
+        return scan
     t = Path(target)
     if is_scan_folder(t):
         return load_scan_folder(t)
     if not t.exists():
         raise InputError(f"{t}: no such dataset or scan folder")
+    from dqa.audit import identity
     from dqa.audit.scan import ScanOptions, default_out_dir, reusable_scan, run_scan
 
     out = Path(scan_out) if scan_out is not None else default_out_dir(t)
+    identity.check_scan_folder(out, t, identity.read_summary(out), "--scan-out")
     options = ScanOptions(tokenizer=tokenizer, thinking=thinking)
     if reusable_scan(t, out, options):
         return load_scan_folder(out)
     result = run_scan(t, out, options, progress=progress)
     return ScanFolder(path=result.out_dir, metrics=result.metrics, summary=result.summary)
+
+
+def check_metrics_of(scan: ScanFolder, target: str | Path) -> None:
+    """Refuse ``scan`` (given as ``--metrics``) as the metrics of ``target``.
+
+    ``target`` a dataset: refused when the scan records another dataset, or files of this one
+    that changed since the scan. ``target`` a scan folder: refused when the two scans record
+    different datasets. Scans that record no dataset are accepted. Raises ``InputError`` naming
+    both and the fix.
+    """
+    from dqa.audit import identity
+
+    t = Path(target)
+    if is_scan_folder(t):
+        theirs, mine = identity.recorded_dataset(scan.summary), identity.recorded_dataset(identity.read_summary(t))
+        if theirs and mine and theirs != mine:
+            raise InputError(f"--metrics {scan.path}: the scan of {theirs}, but {t} is the scan of {mine}: pass one of them")
+        return
+    if not t.exists():
+        raise InputError(f"{t}: no such dataset or scan folder")
+    identity.check_scan_of(scan.path, scan.summary or None, t, "metrics", "--metrics DIR")

@@ -94,6 +94,7 @@ class Validation:
     max_ids: int
     timings: dict[str, float]
     gx_version: str
+    scan: dict[str, Any] | None = None  # the scan the metrics came from (dqa.audit.identity.scan_record)
 
     @property
     def status(self) -> str:
@@ -106,6 +107,7 @@ class Validation:
             "suite": self.suite.name,
             "suite_file": str(self.suite.path),
             "source": self.source,
+            "scan": self.scan,
             "rows": self.rows,
             "id_column": self.id_column,
             "fail_on": self.fail_on,
@@ -369,13 +371,16 @@ def validate_to_folder(
     max_ids: int = MAX_IDS_DEFAULT,
     docs: bool = True,
     source: str = "metrics",
+    scan: dict[str, Any] | None = None,
 ) -> Validation:
     """Validate and write the validation folder (built aside, then moved into place whole).
 
     Writes ``validation.json`` (GX's result), ``summary.json`` (dqa's view: verdict,
-    severities, first failing ids), ``failing_samples.parquet`` (every failing row of every
-    expectation), ``junit.xml``, ``summary.md`` and ``data_docs/`` (GX Data Docs). Returns
-    the ``Validation``. Raises like ``run_validation``, and ``OSError`` for output failures.
+    severities, first failing ids, and ``scan``: the scan the metrics came from, as
+    ``dqa.audit.identity.scan_record`` gives it, or null), ``failing_samples.parquet`` (every
+    failing row of every expectation), ``junit.xml``, ``summary.md`` and ``data_docs/`` (GX
+    Data Docs). Returns the ``Validation``. Raises like ``run_validation``, and ``OSError`` for
+    output failures.
     """
     from dqa.reports.junit import validation_testsuite, write_junit
     from dqa.reports.markdown_validation import render_validation_markdown
@@ -385,6 +390,7 @@ def validate_to_folder(
     work = atomic.make_work_dir(out)
     try:
         v = run_validation(metrics, suite, fail_on, max_ids, work / DOCS_DIR if docs else None, source)
+        v.scan = scan
         summary = v.summary()
         atomic.write_json(work / "validation.json", v.gx_result)
         atomic.write_json(work / "summary.json", summary)

@@ -34,7 +34,7 @@ from dqa.regen.client import OpenAIProtocol, Sampling, SglangProtocol
 from dqa.regen.dispatch import DispatchSettings, Dispatcher
 from dqa.regen.journal import Journal, list_shards, recover
 from dqa.regen.progress import Progress, render
-from dqa.regen.selection import default_findings, iter_jobs, narrow, parse_shard, selected_rows, selection_digest
+from dqa.regen.selection import check_findings_for, findings_for, iter_jobs, narrow, parse_shard, selected_rows, selection_digest
 from dqa.regen.upload import Target, Uploader, is_url, local_path, pull_shards, stage_dir
 from dqa.regen.urls import strip_userinfo
 
@@ -336,7 +336,9 @@ def _regenerate(config: RegenConfig) -> RunResult:
     ds = open_dataset(c.dataset, c.ids_column, c.mask_column, c.labels_column, c.id_column)
     num_rows = _count_rows(ds)
     # Resolved: run.json records it for `dqa merge`, which may run from another directory.
-    findings = (Path(c.findings) if c.findings else default_findings(ds.name)).resolve()
+    findings = (Path(c.findings) if c.findings else findings_for(c.dataset)).resolve()
+    if c.failed_only:
+        check_findings_for(findings, ds)  # another dataset's findings, or a dataset changed since its scan
     rows_all = selected_rows(num_rows, findings if c.failed_only else None, c.failed_only, c.reasons)
     rows = narrow(rows_all, shard, c.limit)
     sampling = Sampling(c.temperature, c.top_p, c.top_k, c.max_new_tokens)

@@ -5,6 +5,12 @@ Selection: the failing rows of ``dqa scan``'s ``findings.parquet`` (columns
 ``reasons``; or every row (``--all``). ``--shard i/N`` keeps rows with
 ``row % N == i`` (deterministic, so N driver hosts split the work without
 talking to each other); ``--limit`` then keeps the first ``limit`` rows.
+
+Findings belong to one dataset (``check_findings_for``): those in a scan folder (with its
+``summary.json``) only to the dataset the scan recorded, and only while that dataset's files
+are unchanged since the scan; a bare ``findings.parquet`` only where its ids equal the
+dataset's ids at the same rows (when both have ids). Rows past the dataset's end are refused by
+``selected_rows``.
 """
 
 from __future__ import annotations
@@ -34,9 +40,74 @@ def parse_shard(text: str | None) -> tuple[int, int]:
     return i, n
 
 
-def default_findings(dataset_name: str) -> Path:
-    """Where ``dqa scan`` writes findings by default: ``dqa-out/<dataset name>/findings.parquet``."""
-    return Path("dqa-out") / dataset_name / "findings.parquet"
+def findings_for(dataset: str | Path) -> Path:
+    """Where ``dqa scan DATASET`` writes its findings by default: ``findings.parquet`` in the
+    dataset's default scan folder (``dqa.audit.scan.default_out_dir``, keyed by identity, so a
+    same-named other dataset's findings are never picked)."""
+    from dqa.audit.scan import default_out_dir
+
+    return default_out_dir(dataset) / "findings.parquet"
+
+
+def check_findings_for(findings: Path, dataset) -> None:
+    """Refuse findings that do not belong to ``dataset`` (an opened ``Dataset``).
+
+    With a ``summary.json`` beside ``findings.parquet`` (a scan folder): refused when the scan
+    recorded another dataset, or when the dataset's files changed since the scan (size or mtime
+    of a file, a file added or gone). A bare ``findings.parquet``: refused when it has ids and
+    the dataset has an id column, and a row's id differs from the dataset's id at that row (rows
+    past the dataset's end are left to ``selected_rows``). Raises ``InputError`` naming the
+    findings, both datasets and the fix (rescan).
+    """
+    from dqa.audit import identity
+
+    folder = findings if findings.is_dir() else findings.parent
+    file = folder / "findings.parquet" if findings.is_dir() else findings
+    summary = identity.read_summary(folder)
+    if summary is not None and (identity.same_dataset(summary, dataset.path) is not None or identity.recorded_files(summary)):
+        identity.check_scan_of(folder, summary, dataset.path, "findings", "--findings DIR")
+        return
+    if file.is_file():
+        _check_finding_ids(file, dataset)
+
+
+def _check_finding_ids(file: Path, dataset) -> None:
+    """Compare the ids of a bare findings file with the dataset's ids at the same rows (see ``check_findings_for``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    id_col = dataset.columns.id
+    try:
+        schema = pq.read_schema(file)
+        if id_col is None or "id" not in schema.names or "row" not in schema.names:
+            return
+        if not pa.types.is_integer(schema.field("row").type):
+            return  # read_findings names the bad column
+        t = pq.read_table(file, columns=["row", "id"])
+        t = t.filter(pc.and_(pc.is_valid(t.column("id")), pc.greater_equal(t.column("row"), 0))).sort_by("row")
+        rows = t.column("row").to_numpy().astype(np.int64)
+        want = t.column("id").cast(pa.string()).to_pylist()
+    except (pa.ArrowException, OSError):
+        return  # read_findings names the unreadable file
+    start = i = 0
+    for _, rb in dataset.record_batches(columns=[id_col]):
+        if i >= len(rows):
+            return
+        end = start + rb.num_rows
+        j = int(np.searchsorted(rows, end))
+        if j > i:
+            try:
+                have = rb.column(0).cast(pa.string()).take(pa.array(rows[i:j] - start)).to_pylist()
+            except pa.ArrowException:
+                return  # ids that do not read as text: nothing to compare
+            for k, (got, exp) in enumerate(zip(have, want[i:j])):
+                if got != exp:
+                    raise InputError(
+                        f"{file}: row {int(rows[i + k])} has id {exp!r}, but that row of {dataset.path} has id {got!r}: "
+                        f"findings of another dataset? rescan it (dqa scan {dataset.path}) and pass --findings DIR of that scan"
+                    )
+        i, start = j, end
 
 
 def read_findings(path: Path, reasons: list[str] | None) -> np.ndarray:

@@ -448,6 +448,7 @@ def render_report(inp: ReportInputs) -> str:
     body = "".join([
         f"<h1>{esc(title)}</h1><p class=\"sub\">{esc(' · '.join(sources))} · generated {esc(now)} by dqa {esc(__version__)}</p>",
         _section_headline(inp),
+        *(f'<p class="note">{esc(n)}</p>' for n in inp.notes),
         _section_histogram(inp),
         _section_findings(inp),
         _section_templates(inp),

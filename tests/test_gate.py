@@ -72,7 +72,9 @@ def test_gate_scans_datasets_and_keeps_same_named_releases_apart(cli, tmp_path, 
     assert gate["verdict"] == "pass"
     assert gate["release_scan"] != gate["baseline_scan"]
     assert (tmp_path / "dqa-out" / "data" / "gate" / "gate.json").is_file()
-    assert (tmp_path / "dqa-out" / "data-baseline" / "metrics.parquet").is_file()
+    # The baseline has the release's name: its scan goes to the next default folder, keyed by its parent.
+    assert (tmp_path / "dqa-out" / "v1-data" / "metrics.parquet").is_file()
+    assert json.loads((tmp_path / "dqa-out" / "data" / "summary.json").read_text())["dataset_path"] == str((tmp_path / "v2" / "data.parquet").resolve())
 
 
 def test_gate_input_errors_exit_2(cli, clean_scan, tmp_path):

@@ -37,7 +37,7 @@ def data(tmp_path_factory):
     )
     ids = tokenizer()(text, add_special_tokens=False)["input_ids"]
     rows.append((ids, [0] * len(ids)))
-    path = write_parquet(d / "chat.parquet", rows, [f"s{i}" for i in range(4)])
+    path = write_parquet(d / "chat.parquet", rows, [f"sample-{i}" for i in range(4)])
     findings = write_findings(d / "scan", [0, 1, 2, 3])
     return path, findings
 

@@ -147,7 +147,10 @@ def test_an_endpoint_that_dies_is_taken_out_and_its_work_goes_to_the_other(data,
 
 
 def test_all_endpoints_down_past_the_deadline_stops_with_exit_3_and_a_rerun_finishes(data, tmp_path):
-    s = StubServer(tmp_path, "--die-after", "6").start()
+    from fleet_helpers import free_port_base
+
+    # An explicit port below the ephemeral range: nothing else takes it while the server is down.
+    s = StubServer(tmp_path, "--die-after", "6", port=free_port_base(1)).start()
     try:
         res, _ = _run(data, tmp_path / "out", [s.url], max_in_flight=1, down_deadline=1.5)
         assert res.exit_code == 3 and res.state == "failed" and "endpoints down" in res.message
@@ -236,7 +239,7 @@ def test_a_row_without_an_assistant_header_is_recorded_as_failed_and_never_sent(
 
     ok = render([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "OK."}], enable_thinking=False)
     user_only = render([{"role": "user", "content": "Only a question"}])
-    path = write_parquet(tmp_path / "d.parquet", [ok, user_only], ["a", "b"])
+    path = write_parquet(tmp_path / "d.parquet", [ok, user_only], ["sample-0", "sample-1"])
     findings = write_findings(tmp_path / "scan", [0, 1])
     before = stub.status()["num_requests"]
     res = regenerate(RegenConfig(dataset=str(path), out=str(tmp_path / "out"), endpoints=[stub.url], findings=str(findings), **FAST))

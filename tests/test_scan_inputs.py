@@ -36,7 +36,7 @@ def table_of(rows, mask_type=pa.int8(), ids_type=pa.int32()):
 
 
 def expect_findings(cli, path, tmp_path, *extra):
-    out = tmp_path / "scan-out"
+    out = tmp_path / f"scan-{path.name}"  # a scan folder holds the scan of one dataset
     result = cli("scan", path, "--out", out, "--json", *extra)
     assert result.exit_code == 1, result.stderr
     summary = json.loads(result.stdout)
@@ -58,7 +58,7 @@ def test_folder_of_parquet_shards_keeps_dataset_order(cli, rows, tmp_path):
     expect_findings(cli, tmp_path / "shards", tmp_path)
     import polars as pl
 
-    findings = pl.read_parquet(tmp_path / "scan-out" / "findings.parquet")
+    findings = pl.read_parquet(tmp_path / "scan-shards" / "findings.parquet")
     assert findings["row"].to_list() == list(range(30, 42))
     assert findings["id"].to_list() == [f"r{i}" for i in range(30, 42)]
 

@@ -18,7 +18,7 @@ def report(
                                               show_default=False),
     regen: Optional[Path] = typer.Option(None, "--regen", "-r", help="A `dqa regen` output folder: throughput over time, progress."),
     validation: Optional[Path] = typer.Option(None, "--validation", "-v",
-                                              help="A `dqa validate` output folder. \\[default: the newest validation*/ in SCAN_DIR]"),
+                                              help="A `dqa validate` output folder, made from this scan. \\[default: the newest such one in SCAN_DIR]"),
     after: Optional[Path] = typer.Option(None, "--after", "-a",
                                          help="A scan folder of the new release, for the 'after' histogram. \\[default: the regen outputs]"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="The HTML file to write. \\[default: SCAN_DIR/report.html]"),
@@ -30,6 +30,8 @@ def report(
     Shows the supervised-token histogram before and after, the findings table, the top
     degenerate templates (decoded, escaped), regen throughput over time (from the shards'
     completed_at and output_tokens) and the expectation results with the gate verdict.
+    Validations and gates in SCAN_DIR made from another scan (another dataset, or before a
+    rescan) are skipped with a note; --validation or --regen of another dataset is refused.
 
     Example:  dqa report dqa-out/train --regen regen-out --after dqa-out/train-merged
 
@@ -40,17 +42,106 @@ def report(
 
 @handles_errors
 def _run(scan_dir, regen, validation, after, out, as_json, quiet) -> int:
+    from dqa import atomic
+    from dqa.audit.identity import read_summary
     from dqa.errors import UsageError
-    from dqa.reports.html import write_report
+    from dqa.reports.html import load_inputs, render_report
 
     if scan_dir is None:
         raise UsageError("missing SCAN_DIR (a folder written by `dqa scan`; see dqa report --help)")
-    path = write_report(scan_dir, out, regen, validation, after)
+    scan_dir = Path(scan_dir)
+    summary = read_summary(scan_dir)
+    vdir, notes = pick_validation(scan_dir, summary, validation)
+    if regen is not None:
+        check_regen_of(Path(regen), scan_dir, summary)
+    inputs = load_inputs(scan_dir, regen, vdir, after)
+    if vdir is None:  # every validation found was skipped: load_inputs' own search must not bring one back
+        inputs.validation = inputs.validation_dir = inputs.gate = None
+    inputs.notes.extend(notes)
+    for note in notes:
+        if not quiet:
+            typer.echo(f"note: {note}", err=True)
+    path = Path(out) if out is not None else scan_dir / "report.html"
+    atomic.write_text(path, render_report(inputs))
     if as_json:
         sys.stdout.write(json.dumps({"report": str(path)}) + "\n")
     elif not quiet:
         typer.echo(str(path))
     return EXIT_OK
+
+
+def _read_json(path: Path) -> dict | None:
+    """A JSON object from ``path``; None when the file is absent. Raises ``InputError`` when it is not JSON."""
+    from dqa.errors import InputError
+
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: not readable JSON ({exc})") from None
+    return data if isinstance(data, dict) else None
+
+
+def validation_mismatch(vdir: Path, scan_summary: dict | None) -> str | None:
+    """Why the validation in ``vdir`` (and the gate.json beside it, if any) was not made from the scan
+    ``scan_summary``; None when it was, or when it records nothing to tell (written before dqa
+    recorded scans). Raises ``InputError`` for unreadable JSON."""
+    from dqa.audit.identity import output_scan_record, scan_mismatch
+
+    records = [output_scan_record(_read_json(vdir / "summary.json"))]
+    gate = _read_json(vdir.parent / "gate.json")  # the report shows the gate verdict beside the validation
+    if gate is not None:
+        records.append(output_scan_record(None, gate))
+    return next((why for why in (scan_mismatch(r, scan_summary) for r in records) if why), None)
+
+
+def find_validations(scan_dir: Path) -> list[Path]:
+    """The validation folders inside a scan folder (``validation-*/``, ``gate/validation/``), newest first."""
+    found = [p.parent for p in scan_dir.glob("validation*/summary.json")]
+    found += [p.parent for p in scan_dir.glob("gate/validation/summary.json")]
+    return sorted(found, key=lambda p: (p / "summary.json").stat().st_mtime, reverse=True)
+
+
+def pick_validation(scan_dir: Path, scan_summary: dict | None, explicit: Path | None) -> tuple[Path | None, list[str]]:
+    """The validation folder the report shows, and notes about the ones skipped.
+
+    ``explicit`` (``--validation``) is refused when it was made from another scan (another
+    dataset, or an earlier scan of this one): ``InputError`` naming it and the fix. Otherwise
+    the newest validation inside SCAN_DIR made from this scan; the others found there that were
+    not are skipped, each with a note ("not for this scan").
+    """
+    from dqa.errors import InputError
+
+    if explicit is not None:
+        explicit = Path(explicit)
+        why = validation_mismatch(explicit, scan_summary) if explicit.is_dir() else None
+        if why:
+            raise InputError(f"--validation {explicit}: {why}, not for the scan in {scan_dir}: "
+                             f"validate this scan (dqa validate {scan_dir}) or pass its folder")
+        return explicit, []
+    notes = []
+    for vdir in find_validations(scan_dir):
+        why = validation_mismatch(vdir, scan_summary)
+        if why is None:
+            return vdir, notes
+        notes.append(f"{vdir} not shown: not for this scan ({why}); rerun dqa validate / dqa gate on {scan_dir}")
+    return None, notes
+
+
+def check_regen_of(regen: Path, scan_dir: Path, scan_summary: dict | None) -> None:
+    """Refuse a regen folder whose run.json records another dataset than the scan in SCAN_DIR.
+
+    Folders without run.json (or without ``dataset_path``) and scans that record no dataset are
+    accepted. Raises ``InputError`` naming both datasets."""
+    from dqa.audit.identity import describe, recorded_dataset
+    from dqa.errors import InputError
+
+    run = _read_json(regen / "run.json") if regen.is_dir() else None
+    theirs, mine = (run or {}).get("dataset_path"), recorded_dataset(scan_summary)
+    if isinstance(theirs, str) and mine and theirs != mine:
+        raise InputError(f"--regen {regen}: a regen run of {theirs}, but {scan_dir} is the scan of {describe(scan_summary)}: "
+                         f"pass the scan of {theirs} as SCAN_DIR, or the regen folder of {mine}")
 
 
 def register(app: typer.Typer) -> None:

@@ -102,12 +102,15 @@ def _run(dataset, tokenizer, out, ids_column, mask_column, labels_column, id_col
         batch_rows=batch_rows,
     )
     out_dir = out or default_out_dir(dataset)
+    _check_before_tokenizer(dataset, out_dir)
     show = stderr_is_tty() and not quiet and not as_json
     if show:
         result = _scan_with_progress(dataset, out_dir, options)
     else:
         result = run_scan(dataset, out_dir, options)
     summary = result.summary
+    if result.dropped and not quiet:
+        _note_dropped(out_dir, result.dropped)
     if as_json:
         sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
     elif not quiet:
@@ -116,6 +119,31 @@ def _run(dataset, tokenizer, out, ids_column, mask_column, labels_column, id_col
         # The table is the command's result: stdout, so it can be piped or saved.
         print_scan_table(summary, str(out_dir), console(stderr=False))
     return EXIT_QUALITY if summary["failing_share"] > max_fail_share else EXIT_OK
+
+
+def _note_dropped(out_dir: Path, dropped: list[str]) -> None:
+    """Say on stderr which outputs of the previous scan the rescan removed (they described other data)."""
+    typer.echo(f"note: removed {', '.join(dropped)} from {out_dir}: made from the previous scan, which this one replaces",
+               err=True)
+
+
+def _check_before_tokenizer(dataset: Path, out_dir: Path) -> None:
+    """Refuse a missing dataset or an unusable --out before anything loads a tokenizer.
+
+    ``run_scan`` checks these too (the same calls), but the output folder only after the
+    template (with a tokenizer folder, ``tokenizer.json``) is loaded; a usage error should not
+    wait for that. Check names and --thinking are checked by ``run_scan`` before the load.
+    """
+    from dqa import atomic
+    from dqa.audit import identity
+    from dqa.audit.scan import is_scan_folder
+    from dqa.errors import InputError
+
+    if not Path(dataset).exists():
+        raise InputError(f"{dataset}: no such file or folder")
+    out = Path(out_dir)
+    atomic.check_output_dir(out, [Path(dataset)], is_scan_folder, "dqa scan folder")
+    identity.check_scan_folder(out, dataset, identity.read_summary(out) if is_scan_folder(out) else None)
 
 
 def _scan_with_progress(dataset, out_dir, options):

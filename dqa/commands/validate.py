@@ -19,7 +19,7 @@ def validate(
     ),
     suite: str = typer.Option("release", "--suite", "-s", help="Suite JSON file, or a bundled suite: release, regen."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder. \\[default: SCAN_FOLDER/validation-SUITE/]"),
-    metrics: Optional[Path] = typer.Option(None, "--metrics", help="Reuse this scan folder's metrics instead of scanning."),
+    metrics: Optional[Path] = typer.Option(None, "--metrics", help="Reuse this scan folder's metrics instead of scanning (a scan of DATASET, files unchanged since)."),
     scan_out: Optional[Path] = typer.Option(None, "--scan-out", help="Where a fresh scan is written. \\[default: dqa-out/<dataset name>/]"),
     fail_on: str = typer.Option("critical", "--fail-on", help="Lowest severity that fails the run: critical or warning."),
     max_ids: int = typer.Option(20, "--max-ids", help="Failing sample ids listed per expectation in the reports."),
@@ -65,7 +65,7 @@ def _run(dataset, suite, out, metrics, scan_out, fail_on, max_ids, no_docs, toke
     scan = obtain_scan(dataset or metrics, metrics, scan_out, tokenizer, thinking, progress=scan_progress(quiet or as_json))
     out_dir = out or scan.path / f"validation-{spec.name}"
     v = validate_to_folder(scan.metrics, spec, out_dir, fail_on, max_ids, docs=not no_docs,
-                           source=str(scan.path / "metrics.parquet"))
+                           source=str(scan.path / "metrics.parquet"), scan=scan.record())
     summary = v.summary()
     append_step_summary((Path(out_dir) / "summary.md").read_text(encoding="utf-8"))
     if as_json:
