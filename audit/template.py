@@ -5,6 +5,12 @@ assistant header, the think tags and the whitespace tokens that count as
 template boilerplate. It comes from a local Hugging Face tokenizer folder
 (``tokenizer.json``) or from a built-in preset (``qwen3``) when none is given.
 The tokenizer, when present, also decodes token ids for display.
+
+Tokenizers are read with the ``tokenizers`` library (Rust; ~0.4 s for Qwen3's
+11 MB ``tokenizer.json``), never with ``transformers`` (importing it alone
+takes longer than that, and ``AutoTokenizer`` several times as long). A
+preset loads its tokenizer only on the first ``decode``; a folder loads it
+once, for its ids, and keeps it for decoding.
 """
 
 from __future__ import annotations
@@ -131,9 +137,54 @@ def _single_id(tok, text: str, folder: Path, required: bool = True) -> int | Non
     return tid
 
 
+# Characters for which ``str.isspace()`` is True (``str.strip()`` strips exactly these);
+# tests/test_tokenizer_loading.py checks the list against every code point.
+_WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+_BYTE_LEVEL_WHITESPACE: frozenset[str] | None = None
+
+
+def _byte_level_whitespace_chars() -> frozenset[str]:
+    """Every character a whitespace-only byte-level token can be spelled with.
+
+    A byte-level (GPT-2 style) vocabulary spells each byte as one printable character
+    (space as ``Ġ``, newline as ``Ċ``); its decoder maps them back, or keeps a token's
+    own UTF-8 when some character has no byte. So a token that decodes to whitespace
+    only consists of the byte characters of whitespace characters' UTF-8 bytes, or of
+    whitespace characters themselves.
+    """
+    global _BYTE_LEVEL_WHITESPACE
+    if _BYTE_LEVEL_WHITESPACE is None:
+        printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+        byte_char = {b: chr(b) for b in printable}
+        byte_char.update({b: chr(256 + n) for n, b in enumerate(b for b in range(256) if b not in byte_char)})
+        spelled = {byte_char[b] for c in _WHITESPACE for b in c.encode("utf-8")}
+        _BYTE_LEVEL_WHITESPACE = frozenset(spelled | set(_WHITESPACE))
+    return _BYTE_LEVEL_WHITESPACE
+
+
+def whitespace_ids(tok, vocab: dict[str, int] | None = None) -> list[int]:
+    """Ids of the vocabulary entries (of at most 16 characters) that decode to whitespace only.
+
+    ``tok`` is a ``tokenizers.Tokenizer``. With a byte-level decoder only the entries spelled
+    with whitespace bytes are decoded (760 of Qwen3's 151,669); with any other decoder
+    every entry is. Either way the decoded text decides.
+    """
+    from tokenizers import decoders
+
+    vocab = vocab if vocab is not None else tok.get_vocab(with_added_tokens=True)
+    if isinstance(tok.decoder, decoders.ByteLevel):
+        allowed = _byte_level_whitespace_chars()
+        cand = [i for s, i in vocab.items() if len(s) <= 16 and allowed.issuperset(s)]
+    else:
+        cand = [i for s, i in vocab.items() if len(s) <= 16]
+    texts = tok.decode_batch([[i] for i in cand], skip_special_tokens=False)
+    return sorted(i for i, text in zip(cand, texts) if text and not text.strip())
+
+
 def spec_from_tokenizer(folder: Path) -> TemplateSpec:
     """Build a spec from a tokenizer folder: template ids by lookup, whitespace-only tokens as boilerplate.
 
+    Loads ``tokenizer.json`` once with ``tokenizers`` and keeps it on the spec for decoding.
     Raises ``InputError`` when the tokenizer lacks ``<|im_start|>``/``<|im_end|>``.
     """
     tok = _load_tokenizer(folder)
@@ -143,13 +194,10 @@ def spec_from_tokenizer(folder: Path) -> TemplateSpec:
     newline = _single_id(tok, "\n", folder, required=False)
     think_open = _single_id(tok, "<think>", folder, required=False)
     think_close = _single_id(tok, "</think>", folder, required=False)
-    vocab_size = tok.get_vocab_size(with_added_tokens=True)
-    # Whitespace-only tokens ("\n", "\n\n", spaces): the vocabulary decoded in one batch, once per scan.
     vocab = tok.get_vocab(with_added_tokens=True)
-    vocab_size = max(vocab_size, max(vocab.values()) + 1)
-    short = [i for s, i in vocab.items() if len(s) <= 16]
-    texts = tok.decode_batch([[i] for i in short], skip_special_tokens=False)
-    whitespace = [i for i, text in zip(short, texts) if text and not text.strip()]
+    vocab_size = max(tok.get_vocab_size(with_added_tokens=True), max(vocab.values()) + 1)
+    # Whitespace-only tokens ("\n", "\n\n", spaces), once per scan.
+    whitespace = whitespace_ids(tok, vocab)
     specials = {eot, think_open, think_close}
     for s in ("<|endoftext|>", "<|eot_id|>", "</s>"):
         tid = tok.token_to_id(s)

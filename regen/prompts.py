@@ -81,3 +81,101 @@ def chatml_messages(prompt: Sequence[int], tokenizer, turn_start: int, eot: int)
         body = body[: body.rfind(closer)]
         messages.append({"role": role, "content": body})
     return messages
+
+
+class ChatTokenizer:
+    """The openai route's tokenizer: fast decoding now, the chat template only when a reply is rendered.
+
+    ``decode`` (all ``chatml_messages`` needs) runs on a ``tokenizers.Tokenizer``:
+    ``tokenizer`` when given (the object, or a function returning it, called once on first
+    use: ``lambda: spec.tokenizer`` shares a template spec's lazily loaded one), else the
+    folder's ``tokenizer.json`` loaded with ``tokenizers`` on first use.
+    ``apply_chat_template`` and ``encode`` go to transformers' ``AutoTokenizer``, imported
+    and loaded on their first call (importing transformers takes ~0.6 s and loading Qwen3's
+    tokenizer with it ~0.7 s more, measured), so its exact template semantics are kept and a
+    run that renders no reply never pays for it. ``chat_template`` reads the folder's files
+    without loading anything.
+
+    A drop-in for the ``AutoTokenizer`` that ``OpenAIProtocol`` takes: it calls only
+    ``decode``, ``encode`` and ``apply_chat_template``.
+    """
+
+    def __init__(self, folder, tokenizer=None):
+        from pathlib import Path
+
+        self.folder = Path(folder)
+        given = tokenizer is not None and hasattr(tokenizer, "decode")
+        self._fast = tokenizer if given else None
+        self._load_fast = tokenizer if tokenizer is not None and not given else None
+        self._hf = None
+        self._cleans_up: bool | None = None
+
+    @property
+    def fast(self):
+        """The ``tokenizers.Tokenizer`` (loaded on first use)."""
+        if self._fast is None:
+            if self._load_fast is not None:
+                self._fast = self._load_fast()
+            if self._fast is None:
+                from dqa.audit.template import _load_tokenizer
+
+                self._fast = _load_tokenizer(self.folder)
+        return self._fast
+
+    @property
+    def hf(self):
+        """transformers' tokenizer for the folder (imported and loaded on first use)."""
+        if self._hf is None:
+            from transformers import AutoTokenizer
+
+            self._hf = AutoTokenizer.from_pretrained(str(self.folder))
+        return self._hf
+
+    @property
+    def chat_template(self):
+        """The folder's chat template as transformers would find it, read without loading anything:
+        ``chat_template.jinja``, else ``chat_template`` of ``chat_template.json`` or of
+        ``tokenizer_config.json`` (a string, or a list of named templates); None when there is none."""
+        import json
+
+        f = self.folder
+        if (f / "chat_template.jinja").is_file():
+            return (f / "chat_template.jinja").read_text(encoding="utf-8")
+        for name in ("chat_template.json", "tokenizer_config.json"):
+            try:
+                config = json.loads((f / name).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(config, dict) and config.get("chat_template"):
+                return config["chat_template"]
+        return None
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """Token ids to text (special tokens kept unless asked), as transformers decodes them.
+
+        transformers decodes with the same Rust tokenizer and then, only when the folder's
+        ``tokenizer_config.json`` sets ``clean_up_tokenization_spaces``, edits spaces; such a
+        folder is decoded by transformers itself.
+        """
+        if self._cleans_up is None:
+            self._cleans_up = bool(self._config().get("clean_up_tokenization_spaces"))
+        if self._cleans_up:
+            return self.hf.decode(list(map(int, ids)), skip_special_tokens=skip_special_tokens)
+        return self.fast.decode(list(map(int, ids)), skip_special_tokens=skip_special_tokens)
+
+    def encode(self, text: str, **kwargs) -> list[int]:
+        """transformers' ``encode`` (loads it)."""
+        return self.hf.encode(text, **kwargs)
+
+    def apply_chat_template(self, *args, **kwargs):
+        """transformers' ``apply_chat_template`` (loads it)."""
+        return self.hf.apply_chat_template(*args, **kwargs)
+
+    def _config(self) -> dict:
+        import json
+
+        try:
+            config = json.loads((self.folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return config if isinstance(config, dict) else {}

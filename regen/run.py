@@ -202,13 +202,14 @@ def _check_identity(run_json: Path, identity: dict[str, Any], keys: tuple[str, .
 
 
 def _make_protocol(protocol_name: str, spec, sampling: Sampling, model: str):
-    """The request protocol; ``openai`` loads the chat-template tokenizer (transformers: seconds)."""
+    """The request protocol. ``openai`` decodes prompts with ``tokenizers``; transformers (seconds to
+    import and load) is loaded only when the first reply is rendered with the chat template."""
     if protocol_name != "openai":
         return SglangProtocol(sampling, model)
-    from transformers import AutoTokenizer
+    from dqa.regen.prompts import ChatTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(spec.tokenizer_dir))
-    if not getattr(tok, "chat_template", None):
+    tok = ChatTokenizer(spec.tokenizer_dir, lambda: spec.tokenizer)
+    if not tok.chat_template:
         raise InputError(f"{spec.tokenizer_dir}: tokenizer has no chat template; --protocol openai needs one")
     return OpenAIProtocol(sampling, tok, spec.turn_start, spec.eot, model)
 
