@@ -336,7 +336,7 @@ def _wait_http(url: str, timeout: float) -> None:
 
 
 def part_serve(args: argparse.Namespace, work: Path) -> dict:
-    import socket
+    from fleet_helpers import UVICORN_PORT, listening_port
 
     sys.path.insert(0, str(ROOT / "examples"))
     from tiny_model import build_tiny_qwen3
@@ -348,15 +348,14 @@ def part_serve(args: argparse.Namespace, work: Path) -> dict:
     model_dir = build_tiny_qwen3(HERE / "data" / "tiny-qwen3")
     tok = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir())
     dataset, messages = build_chat_dataset(work / "serve.parquet", args.serve_rows, tok)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
     log = open(work / "serve.log", "wb")
     exe = shutil.which("transformers") or "transformers"
-    proc = subprocess.Popen([exe, "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
+    # Port 0: the server binds a free port itself and logs it (uvicorn's "running on" line); a port
+    # picked here and passed on could be taken by another process during its start.
+    proc = subprocess.Popen([exe, "serve", str(model_dir), "--host", "127.0.0.1", "--port", "0", "--device", "cpu",
                              "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT)
     try:
+        url = f"http://127.0.0.1:{listening_port(work / 'serve.log', proc, UVICORN_PORT, 180)}"
         _wait_http(url + "/health", 180)
         bodies = [json.dumps({"model": str(model_dir), "messages": m, "max_tokens": args.serve_max_tokens,
                               "temperature": 0.6, "top_p": 0.95, "seed": i,

@@ -44,7 +44,6 @@ def transformers_server(tmp_path_factory):
     process for the whole session, stopped at the end.
     """
     import os
-    import socket
     import subprocess
     import time
     import urllib.request
@@ -52,17 +51,23 @@ def transformers_server(tmp_path_factory):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     from tiny_model import build_tiny_qwen3
 
+    from fleet_helpers import UVICORN_PORT, listening_port
+
     model = build_tiny_qwen3(tmp_path_factory.mktemp("models") / "tiny")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     exe = Path(sys.executable).with_name("transformers")
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     with open(log_path, "wb") as log:
+        # Port 0: the server binds a free port itself and logs it (a port picked here and passed on
+        # could be taken during its ~10 s start).
         proc = subprocess.Popen(
-            [str(exe), "serve", str(model), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
+            [str(exe), "serve", str(model), "--host", "127.0.0.1", "--port", "0", "--device", "cpu"],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"},
         )
+    try:
+        port = listening_port(log_path, proc, UVICORN_PORT, timeout=180)
+    except RuntimeError:
+        proc.kill()
+        raise
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while True:

@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from fleet_helpers import dqa, fake_sglang_python, free_port_base, process_gone, read_json
+from fleet_helpers import dqa, fake_sglang_python, fleet_up, free_port_base, port_race, process_gone, read_json
 
 
 def _generate(url: str, n: int, max_new_tokens: int = 24) -> None:
@@ -26,12 +26,11 @@ def _generate(url: str, n: int, max_new_tokens: int = 24) -> None:
 
 def test_up_waits_for_health_generate_status_reads_metrics_and_down_stops_exactly_the_fleet(tmp_path):
     py = fake_sglang_python(tmp_path)
-    base = free_port_base(2)
     fleet = tmp_path / "fleet.json"
-    r = dqa(
-        "fleet", "up", "--model", "Qwen/Qwen3-8B", "--gpus", "0-1", "--python", py, "--port-base", base,
+    r, base = fleet_up(
+        "fleet", "up", "--model", "Qwen/Qwen3-8B", "--gpus", "0-1", "--python", py,
         "--fleet", fleet, "--timeout", "60", "--", "--startup-delay-s", "1.5", "--log-interval-s", "0.2",
-        cwd=tmp_path,
+        ports=2, cwd=tmp_path,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     rec = read_json(fleet)
@@ -73,12 +72,11 @@ def test_up_waits_for_health_generate_status_reads_metrics_and_down_stops_exactl
 
 def test_without_metrics_status_falls_back_to_the_latest_decode_log_line(tmp_path):
     py = fake_sglang_python(tmp_path)
-    base = free_port_base(1)
     fleet = tmp_path / "fleet.json"
-    r = dqa(
-        "fleet", "up", "--model", "m", "--gpus", "3", "--python", py, "--port-base", base, "--fleet", fleet,
+    r, _ = fleet_up(
+        "fleet", "up", "--model", "m", "--gpus", "3", "--python", py, "--fleet", fleet,
         "--no-metrics", "--timeout", "60", "--", "--log-interval-s", "0.1", "--per-token-s", "0.02",
-        cwd=tmp_path,
+        ports=1, cwd=tmp_path,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     try:
@@ -96,11 +94,10 @@ def test_without_metrics_status_falls_back_to_the_latest_decode_log_line(tmp_pat
 
 
 def test_a_server_that_dies_at_start_is_named_with_its_log_tail_and_the_others_are_stopped(tmp_path):
-    py = fake_sglang_python(tmp_path, fail_gpu="1")
-    base = free_port_base(2)
+    py = fake_sglang_python(tmp_path, fail_gpu="1", fail_once_ready=tmp_path / "fleet-logs" / "gpu0.log")
     fleet = tmp_path / "fleet.json"
-    r = dqa("fleet", "up", "--model", "m", "--gpus", "0-1", "--python", py, "--port-base", base, "--fleet", fleet,
-            "--timeout", "60", cwd=tmp_path)  # fmt: skip
+    r, base = fleet_up("fleet", "up", "--model", "m", "--gpus", "0-1", "--python", py, "--fleet", fleet,
+                       "--timeout", "60", ports=2, cwd=tmp_path)  # fmt: skip
     assert r.returncode == 3
     err = r.stderr.splitlines()
     assert err[-1].startswith("dqa: error: server on GPU 1 ") and "exited with code 1" in err[-1]
@@ -114,9 +111,9 @@ def test_a_server_that_dies_at_start_is_named_with_its_log_tail_and_the_others_a
 
 def test_a_server_that_never_becomes_healthy_times_out_naming_its_gpu(tmp_path):
     py = fake_sglang_python(tmp_path)
-    base = free_port_base(1)
-    r = dqa("fleet", "up", "--model", "m", "--gpus", "5", "--python", py, "--port-base", base,
-            "--fleet", tmp_path / "fleet.json", "--timeout", "2", "--", "--startup-delay-s", "60", cwd=tmp_path)  # fmt: skip
+    r, base = fleet_up("fleet", "up", "--model", "m", "--gpus", "5", "--python", py,
+                       "--fleet", tmp_path / "fleet.json", "--timeout", "2", "--", "--startup-delay-s", "60",
+                       ports=1, cwd=tmp_path)  # fmt: skip
     assert r.returncode == 3
     assert f"server on GPU 5 (http://127.0.0.1:{base}/health_generate) not healthy after 2 s" in r.stderr
     with pytest.raises(httpx.HTTPError):
@@ -143,23 +140,29 @@ def test_interrupting_up_while_it_waits_stops_the_servers_it_started(tmp_path):
     import sys
 
     py = fake_sglang_python(tmp_path)
-    base = free_port_base(2)
     fleet = tmp_path / "fleet.json"
-    up = subprocess.Popen(
-        [sys.executable, "-m", "dqa.cli", "fleet", "up", "--model", "m", "--gpus", "0-1", "--python", str(py),
-         "--port-base", str(base), "--fleet", str(fleet), "--", "--startup-delay-s", "60"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not fleet.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        pids = [e["pid"] for e in read_json(fleet)["endpoints"]]  # recorded before the wait
-        up.send_signal(signal.SIGTERM)
-        _, err = up.communicate(timeout=60)
-    finally:
-        if up.poll() is None:
-            up.kill()
-    assert up.returncode == 3 and "interrupted while waiting for the fleet; servers stopped" in err
+    for tries in range(3):
+        base = free_port_base(2)
+        up = subprocess.Popen(
+            [sys.executable, "-m", "dqa.cli", "fleet", "up", "--model", "m", "--gpus", "0-1", "--python", str(py),
+             "--port-base", str(base), "--fleet", str(fleet), "--", "--startup-delay-s", "60"],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120  # bounds a hang only
+            while not fleet.exists() and up.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if up.poll() is not None:  # ended before the signal: only a port taken by another process is retried
+                _, err = up.communicate()
+                assert port_race(err) and tries < 2, f"fleet up ended by itself (exit {up.returncode}): {err}"
+                continue
+            pids = [e["pid"] for e in read_json(fleet)["endpoints"]]  # recorded before the wait
+            up.send_signal(signal.SIGTERM)
+            _, err = up.communicate(timeout=60)
+            break
+        finally:
+            if up.poll() is None:
+                up.kill()
+    assert up.returncode == 3 and "interrupted while waiting for the fleet; servers stopped" in err, err
     assert all(process_gone(p) for p in pids)
     assert not fleet.exists()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fleet_helpers import REPO, dqa, free_port_base, process_gone, read_json, write_failing_set
+from fleet_helpers import REPO, dqa, fleet_up, process_gone, read_json, write_failing_set
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +32,11 @@ def failing_set(tmp_path):
 def test_two_transformers_serve_processes_up_status_regen_down(tiny_model, tmp_path, failing_set):
     import psutil
 
-    base = free_port_base(2)
     fleet = tmp_path / "fleet.json"
-    r = dqa(
-        "fleet", "up", "--engine", "transformers", "--model", tiny_model, "--gpus", "0-1", "--port-base", base,
+    r, _ = fleet_up(
+        "fleet", "up", "--engine", "transformers", "--model", tiny_model, "--gpus", "0-1",
         "--fleet", fleet, "--env", "OMP_NUM_THREADS=1", "--timeout", "180", "--", "--device", "cpu",
-        cwd=tmp_path, timeout=240,
+        ports=2, cwd=tmp_path, timeout=240,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     rec = read_json(fleet)

@@ -39,19 +39,54 @@ def _done(out) -> int:
         return 0
 
 
+def _wait(cond, what: str, timeout: float = 120) -> None:
+    """Poll ``cond`` until it holds; the deadline only bounds a hang."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
+        time.sleep(0.05)
+
+
+class _Lines:
+    """Collect a text pipe's lines in a thread, so a test can wait for one while the process runs."""
+
+    def __init__(self, pipe):
+        import threading
+
+        self.lines: list[str] = []
+        self._t = threading.Thread(target=lambda: self.lines.extend(iter(pipe.readline, "")), daemon=True)
+        self._t.start()
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def join(self) -> str:
+        self._t.join(60)
+        return self.text()
+
+
 def test_kill_9_at_random_points_then_resume_writes_every_row_exactly_once(data, tmp_path):
     rng = random.Random(7)
     out = tmp_path / "out"
     killed_at = []
     with StubServer(tmp_path, "--latency-s", "0.05", "--latency-jitter-s", "0.1") as s:
-        for wait in (0.3, rng.uniform(1.0, 2.0), rng.uniform(1.0, 2.0)):  # during startup, then mid-run
+        # The first kill falls during start-up, the others mid-run: after this run's first request
+        # reached the server and a random number more (at most 20 per run of the 120 rows, so every
+        # kill lands before the end, however fast or slow the machine).
+        for k in range(3):
+            before = s.status()["n_generate"]
             p = _start(data, out, s.url, "--max-in-flight", "3")
-            time.sleep(wait)
+            if k == 0:
+                time.sleep(0.3)
+            else:
+                n = rng.randint(1, 20)
+                _wait(lambda: s.status()["n_generate"] - before >= n or p.poll() is not None, "requests")
+            assert p.poll() is None, f"the run ended before kill {k + 1}: {p.communicate()[1][-2000:]}"
             p.send_signal(signal.SIGKILL)
             p.wait()
             killed_at.append(s.status()["outcomes"].get("ok", 0))
         p = _start(data, out, s.url)
-        stdout, stderr = p.communicate(timeout=120)
+        stdout, stderr = p.communicate(timeout=300)
     assert p.returncode == 0, stderr
     rows = read_shards(out).column("row").to_pylist()
     assert sorted(rows) == SELECTED  # none lost, none twice
@@ -63,11 +98,10 @@ def test_first_ctrl_c_drains_in_flight_requests_and_a_rerun_finishes(data, tmp_p
     out = tmp_path / "out"
     with StubServer(tmp_path, "--latency-s", "0.3") as s:
         p = _start(data, out, s.url)
-        deadline = time.monotonic() + 30
-        while _done(out) == 0 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        # Ctrl-C once the server has answered a request (dispatch is under way, many rows are left)
+        _wait(lambda: s.status()["outcomes"].get("ok", 0) > 0 or p.poll() is not None, "a first reply")
         p.send_signal(signal.SIGINT)
-        _, stderr = p.communicate(timeout=30)
+        _, stderr = p.communicate(timeout=120)
         assert p.returncode == 3, stderr
         assert "draining" in stderr and "rerun the same command" in stderr
         progress = json.loads((out / "progress.json").read_text())
@@ -75,26 +109,28 @@ def test_first_ctrl_c_drains_in_flight_requests_and_a_rerun_finishes(data, tmp_p
         # Drained: every request the server answered is in a shard.
         assert s.status()["outcomes"].get("ok") == read_shards(out).num_rows == progress["done"]
         p = _start(data, out, s.url, "--max-in-flight", "48")
-        _, stderr = p.communicate(timeout=60)
+        _, stderr = p.communicate(timeout=300)
     assert p.returncode == 0, stderr
     assert sorted(read_shards(out).column("row").to_pylist()) == SELECTED
 
 
 def test_second_ctrl_c_cancels_in_flight_requests_at_once(data, tmp_path):
     out = tmp_path / "out"
-    with StubServer(tmp_path, "--latency-s", "30") as s:
+    # Replies would take 10 minutes: the run can only end in time by cancelling them.
+    with StubServer(tmp_path, "--latency-s", "600") as s:
         p = _start(data, out, s.url)
-        deadline = time.monotonic() + 30
-        while s.status()["inflight"] < 6 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        err = _Lines(p.stderr)
+        _wait(lambda: s.status()["inflight"] >= 6 or p.poll() is not None, "6 requests in flight")
         p.send_signal(signal.SIGINT)
-        time.sleep(0.3)
+        # The second Ctrl-C once the first one was handled (two signals sent back to back can
+        # reach the process as one).
+        _wait(lambda: "draining" in err.text() or p.poll() is not None, "the first Ctrl-C handled")
         p.send_signal(signal.SIGINT)
-        _, stderr = p.communicate(timeout=20)  # the replies would take 30 s: it did not wait for them
-        deadline = time.monotonic() + 10
-        while s.status()["outcomes"].get("client_disconnect", 0) < 6 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert s.status()["outcomes"].get("client_disconnect") == 6  # the in-flight requests were cancelled
+        p.wait(timeout=120)
+        stderr = err.join()
+        _wait(lambda: s.status()["outcomes"].get("client_disconnect", 0) >= 6, "the server saw the cancels")
+        outcomes = s.status()["outcomes"]
+        assert outcomes.get("client_disconnect") == 6 and not outcomes.get("ok")  # cancelled, never answered
     assert p.returncode == 3, stderr
     assert json.loads((out / "progress.json").read_text())["state"] == "interrupted"
     assert read_shards(out).num_rows == 0

@@ -58,11 +58,12 @@ def test_writer_closes_shards_by_size_and_on_close(tmp_path):
     rec = recover(tmp_path)
     closed = []
     j = Journal(tmp_path, "s0of1", rec.next_seq, shard_rows=4, commit_interval=0.01, on_shard=closed.append)
-    j.start()
-    for r in range(5):
+    for r in range(5):  # queued before the writer starts: its first group commit holds all 5
         j.append(encode(_result(r)))
-    deadline = time.monotonic() + 10
-    while not closed and time.monotonic() < deadline:  # a group commit of >= 4 records closes a shard
+    j.start()
+    deadline = time.monotonic() + 60  # bounds a hang only
+    while not closed:  # a group commit of >= 4 records closes a shard
+        assert time.monotonic() < deadline, "no shard closed"
         time.sleep(0.01)
     for r in range(5, 8):
         j.append(encode(_result(r)))

@@ -38,6 +38,14 @@ def generate(url: str, ids=PROMPT, timeout: float = 5.0, **body):
     return httpx.post(url + "/generate", json={"input_ids": ids, **body}, timeout=timeout)
 
 
+def wait_for(cond, what: str, timeout: float = 60) -> None:
+    """Poll ``cond`` until it holds; the deadline only bounds a hang."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
+        time.sleep(0.05)
+
+
 def samples(metrics_text: str) -> dict[str, float]:
     """Prometheus exposition -> {sample name: value} (label sets summed), parsed by prometheus_client."""
     out: dict[str, float] = {}
@@ -102,13 +110,15 @@ def test_bad_requests_are_400_with_an_error_message(stub):
 
 
 def test_duplicate_in_flight_rid_is_rejected_and_freed_after(tmp_path):
-    with StubServer(tmp_path, "--latency-s", "0.5") as s, httpx.Client(timeout=5) as c:
+    # The first request is in flight (seen by the server) before the second is sent, and stays
+    # so for 3 s: far longer than sending one more request takes, even on a loaded machine.
+    with StubServer(tmp_path, "--latency-s", "3") as s, httpx.Client(timeout=60) as c:
         import threading
 
         first: list[httpx.Response] = []
         t = threading.Thread(target=lambda: first.append(c.post(s.url + "/generate", json={"input_ids": PROMPT, "rid": "dup"})))
         t.start()
-        time.sleep(0.2)
+        wait_for(lambda: s.status()["inflight"] == 1, "the first request in flight")
         r = c.post(s.url + "/generate", json={"input_ids": PROMPT, "rid": "dup"})
         t.join()
         assert r.status_code == 400 and "Duplicate request ID" in r.json()["error"]["message"]
@@ -117,11 +127,12 @@ def test_duplicate_in_flight_rid_is_rejected_and_freed_after(tmp_path):
 
 
 def test_health_generate_is_503_while_starting_then_200(tmp_path):
-    with StubServer(tmp_path, "--startup-delay-s", "0.8") as s:
+    # A start far longer than the test's first requests take; then a short one that ends by itself.
+    with StubServer(tmp_path, "--startup-delay-s", "600") as s:
         assert httpx.get(s.url + "/health_generate").status_code == 503
         assert httpx.get(s.url + "/health").status_code == 200
-        time.sleep(1.0)
-        assert httpx.get(s.url + "/health_generate").status_code == 200
+        s.control(starting_for_s=0.5)
+        wait_for(lambda: httpx.get(s.url + "/health_generate").status_code == 200, "health_generate 200 after the start")
 
 
 def test_info_endpoints_report_version_and_model(stub):
@@ -154,8 +165,14 @@ def test_metrics_are_off_without_enable_metrics(tmp_path):
 def test_decode_log_lines_follow_the_documented_format(tmp_path):
     with StubServer(tmp_path, "--log-interval-s", "0.1", "--per-token-s", "0.01") as s:
         generate(s.url, sampling_params={"max_new_tokens": 20})
-        time.sleep(0.25)
-        lines = [ln for ln in s.log_path.read_text().splitlines() if "Decode batch" in ln]
+
+        def decode_lines() -> list[str]:
+            return [ln for ln in s.log_path.read_text().splitlines() if "Decode batch" in ln]
+
+        # the line after the request reports its tokens: wait for it rather than for a time
+        wait_for(lambda: any((m := DECODE_LINE.search(ln)) and float(m.group(7)) > 0 for ln in decode_lines()),
+                 "a decode line with a throughput")
+        lines = decode_lines()
     assert lines and all(DECODE_LINE.search(ln) for ln in lines)
     assert any(float(DECODE_LINE.search(ln).group(7)) > 0 for ln in lines)
 
@@ -199,9 +216,11 @@ def test_faults_switch_at_run_time(stub):
         with pytest.raises(httpx.ReadTimeout):
             generate(stub.url, timeout=0.3, rid="stalled")
         assert httpx.get(stub.url + "/health_generate", timeout=5).status_code == 503
-        stub.control(stall_share=0.0, error_for_s=0.3)
+        stub.control(stall_share=0.0, error_for_s=600)
         assert generate(stub.url).status_code in (500, 503, 429)
-        time.sleep(0.35)
+        stub.control(error_for_s=0.3)  # a window that ends by itself
+        wait_for(lambda: generate(stub.url).status_code == 200, "the error window's end")
+        wait_for(lambda: stub.status()["inflight"] == 0, "the stalled request aborted")
         # the stalled request was aborted when its client left: its rid is free again
         assert generate(stub.url, rid="stalled").status_code == 200
     finally:
@@ -209,7 +228,10 @@ def test_faults_switch_at_run_time(stub):
 
 
 def test_die_after_n_requests_ends_the_process_and_restart_reuses_the_port(tmp_path):
-    s = StubServer(tmp_path, "--die-after", "2").start()
+    from fleet_helpers import free_port_base
+
+    # An explicit port below the ephemeral range: nothing else takes it while the server is down.
+    s = StubServer(tmp_path, "--die-after", "2", port=free_port_base(1)).start()
     try:
         assert generate(s.url).status_code == 200 and generate(s.url).status_code == 200
         with pytest.raises(httpx.TransportError):

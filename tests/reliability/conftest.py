@@ -11,8 +11,9 @@ from regen_harness import FIGURES, SECRET, SECRET_ENV, RegenData, build_regen_da
 
 @pytest.fixture()
 def fleet(tmp_path):
-    """Three SGLang-contract stub servers, real processes, each demanding the test API key."""
-    servers = start_fleet(tmp_path / "fleet", 3)
+    """Three SGLang-contract stub servers, real processes, each demanding the test API key; on
+    explicit ports (below the ephemeral range), since fault tests restart them on their port."""
+    servers = start_fleet(tmp_path / "fleet", 3, restartable=True)
     yield servers
     for s in servers:
         s.kill()

@@ -93,19 +93,39 @@ def build_regen_data(folder: Path, rows: int, seed: int = 0, no_header_rows: tup
 # ---------------------------------------------------------------------------- fleet
 
 
-def start_fleet(folder: Path, n: int = 3, *extra: str) -> list[StubServer]:
-    """Start ``n`` stub servers in parallel (each a real process on its own port)."""
-    servers = [StubServer(folder, *STUB_ARGS, *extra, name=f"stub{i}") for i in range(n)]
-    procs = []
+def start_fleet(folder: Path, n: int = 3, *extra: str, restartable: bool = False) -> list[StubServer]:
+    """Start ``n`` stub servers in parallel (each a real process on its own port).
+
+    Each binds port 0 (the kernel picks a free port), unless ``restartable``: a test that will
+    ``restart()`` a server on the port it had needs a port that nothing else takes meanwhile,
+    so then each gets an explicit port drawn below the kernel's ephemeral range (where
+    outgoing connections take their local ports), drawn again should another process bind it
+    first."""
     import subprocess
 
+    from fleet_helpers import free_port_base, port_race
+
+    servers = [StubServer(folder, *STUB_ARGS, *extra, name=f"stub{i}") for i in range(n)]
     for s in servers:
         s.log_dir.mkdir(parents=True, exist_ok=True)
+
+    def spawn(s: StubServer) -> subprocess.Popen:
+        port = free_port_base(1) if restartable else 0
         cmd = [sys.executable, str(Path(sys.modules[StubServer.__module__].__file__).resolve()), "--host", "127.0.0.1",
-               "--port", "0", "--log-file", str(s.log_path), *s.args]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(s.log_path, "ab"), text=True))
+               "--port", str(port), "--log-file", str(s.log_path), *s.args]
+        with open(s.log_path, "ab") as err:
+            return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+
+    procs = [spawn(s) for s in servers]
     for s, p in zip(servers, procs):
-        line = p.stdout.readline()
+        for tries in range(3):
+            line = p.stdout.readline()
+            if line.startswith(READY_PREFIX) or not restartable or tries == 2:
+                break
+            p.wait()
+            if not port_race(s.log_path.read_text(errors="replace")):
+                break
+            p = spawn(s)  # another process bound the drawn port first: a fresh one
         assert line.startswith(READY_PREFIX), f"stub did not start: {s.log_path.read_text()[-500:]}"
         s.proc = p
         s.port = int(line.strip().rsplit(":", 1)[1])

@@ -130,11 +130,13 @@ def test_scan_out_on_a_full_disk_is_exit_3_and_leaves_no_output(tmp_path, smallf
 
 
 def test_scan_does_not_replace_a_previous_complete_scan_when_the_disk_fills(tmp_path, smallfs):
-    ds = token_dataset(tmp_path / "set.parquet", 20_000)
-    small = token_dataset(tmp_path / "small.parquet", 50, seed=1)
+    # The earlier scan is of the same dataset (a scan folder holds one dataset's scans), made
+    # while it had 50 rows; it has grown to 20,000 since.
+    ds = token_dataset(tmp_path / "set.parquet", 50, seed=1)
     out = smallfs / "scan"
-    assert dqa("scan", small, "--out", out, "--quiet").returncode in (0, 1)
+    assert dqa("scan", ds, "--out", out, "--quiet").returncode in (0, 1)
     old = {p.name: p.read_bytes() for p in out.iterdir()}
+    token_dataset(tmp_path / "set.parquet", 20_000)
     fill(smallfs, 64 * 1024)
     r = dqa("scan", ds, "--out", out, "--quiet")
     assert_one_line_disk_full(r, smallfs)

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fleet_helpers import fake_sglang_python, free_port_base
+from fleet_helpers import fake_sglang_python, fleet_up
 
 TESTS = Path(__file__).resolve().parent.parent
 PAYLOADS = ("<script>alert(1)</script>", "</textarea><b>x</b>", "\"'><img src=x onerror=alert(2)>")
@@ -145,13 +145,12 @@ def test_no_secret_anywhere_and_a_hostile_model_path_passes_through_intact(tmp_p
 
     data = build_regen_data(tmp_path / "data", rows=90)
     py = fake_sglang_python(tmp_path)
-    base = free_port_base(2)
     fleet = tmp_path / "fleet.json"
     env = {"DQA_SEC_KEY": SECRET}
     outputs: list[str] = []
-    up = dqa("fleet", "up", "--model", WEIRD_MODEL, "--gpus", "0-1", "--python", py, "--port-base", base,
-             "--fleet", fleet, "--timeout", "60", "--env", f"HF_TOKEN={TOKEN}", "--",
-             "--api-key", SECRET, "--latency-s", "0.01", cwd=tmp_path)
+    up, _ = fleet_up("fleet", "up", "--model", WEIRD_MODEL, "--gpus", "0-1", "--python", py,
+                     "--fleet", fleet, "--timeout", "60", "--env", f"HF_TOKEN={TOKEN}", "--",
+                     "--api-key", SECRET, "--latency-s", "0.01", ports=2, cwd=tmp_path, run=dqa)
     outputs += [up.stdout, up.stderr]
     assert up.returncode == 0, up.stderr
     rec = json.loads(fleet.read_text())
