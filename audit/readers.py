@@ -1,41 +1,46 @@
 """Read tokenized datasets as a stream of flat token batches.
 
-Formats: a parquet file or a folder of parquet shards, a folder written by HF
-datasets' ``save_to_disk`` (Arrow stream files listed in ``state.json``), an
-Arrow IPC file (file or stream format), or JSONL. Columns: ``input_ids`` plus
-either ``loss_mask`` (0/1, any int or bool type) or ``labels`` (-100 for
-unsupervised), and an optional ``id``.
+Formats (``dqa.audit.formats``; each file is recognised by its content, not its name): a parquet
+file, an Arrow IPC file or stream (such as a Hugging Face ``datasets`` cache file, e.g.
+SpecForge's tokenized ``CACHE_DIR/KEY.pkl``), JSONL; or a folder: one written by HF datasets'
+``save_to_disk`` (Arrow stream files listed in ``state.json``), or a folder of shards of one
+format (see ``_detect_folder``). Columns: ``input_ids`` plus either ``loss_mask`` (0/1, any int
+or bool type) or ``labels`` (-100 for unsupervised), and an optional ``id``. A token column may
+also hold one ``[1, L]`` list of lists per row (``list<list<int>>``, as SpecForge's
+preprocessing stores its ``[1, L]`` tensors): it is read as the flat ``L`` tokens.
 
-``open_dataset`` inspects schemas only; ``Dataset.batches`` streams
-``TokenBatch`` objects whose token lists are flattened into numpy arrays with
-row offsets, so the kernels never loop over rows. Memory is bounded by the
-batch. Every malformed input raises ``InputError`` naming the file, the
-column and (where it applies) the 0-based dataset row.
+``open_dataset`` inspects schemas only; ``Dataset.batches`` streams ``TokenBatch`` objects whose
+token lists are flattened into numpy arrays with row offsets, so the kernels never loop over
+rows. Memory is bounded by the batch. Every malformed input raises ``InputError`` naming the
+file, the column and (where it applies) the 0-based dataset row.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from dqa.arrays import ranks as _ranks, segment_sum as _segment_sum
+from dqa.audit import formats
 from dqa.errors import InputError
 
 IDS_DEFAULT = "input_ids"
 MASK_DEFAULT = "loss_mask"
 LABELS_DEFAULT = "labels"
 ID_DEFAULT = "id"
+ATTENTION_DEFAULT = "attention_mask"
 IGNORE_INDEX = -100
 MAX_BATCH_TOKENS = 8_000_000
 
-PARQUET_SUFFIXES = (".parquet", ".pq")
-ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
-JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+PARQUET_SUFFIXES = formats.suffixes("parquet")
+ARROW_SUFFIXES = formats.suffixes("arrow")
+JSONL_SUFFIXES = formats.suffixes("jsonl")
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,7 @@ class Dataset:
     """A tokenized dataset on disk: its format, files, columns and row count.
 
     Create with ``open_dataset``. Iterate with ``batches`` (flat token batches
-    for the checks) or ``record_batches`` (all columns, for rewriting).
+    for the checks) or ``record_batches`` (all columns as stored, for rewriting).
     """
 
     def __init__(self, path: Path, fmt: str, files: list[Path], columns: Columns, schema: pa.Schema):
@@ -119,19 +124,15 @@ class Dataset:
 
     @property
     def num_rows(self) -> int | None:
-        """Total rows when the format records it cheaply (parquet, Arrow file, HF); None for JSONL."""
-        if self.format == "parquet":
-            import pyarrow.parquet as pq
-
-            return sum(pq.ParquetFile(f).metadata.num_rows for f in self.files)
-        if self.format in ("arrow-file",):
-            total = 0
-            for f in self.files:
-                with pa.memory_map(str(f)) as src:
-                    reader = pa.ipc.open_file(src)
-                    total += sum(reader.get_record_batch(i).num_rows for i in range(reader.num_record_batches))
-            return total
-        return None
+        """Total rows when the format records it cheaply (parquet, Arrow file); None for streams and JSONL."""
+        fmt = formats.get(self.format)
+        counts = []
+        for f in self.files:
+            n = fmt.num_rows(f)
+            if n is None:
+                return None
+            counts.append(n)
+        return sum(counts)
 
     def _needed(self) -> list[str]:
         cols = [self.columns.ids, self.columns.supervision]
@@ -139,8 +140,17 @@ class Dataset:
             cols.append(self.columns.id)
         return cols
 
+    @property
+    def token_columns(self) -> list[str]:
+        """The columns holding per-token lists: ids, supervision, and ``loss_mask`` / ``labels`` /
+        ``attention_mask`` where present (the ones a ``[1, L]`` layout is flattened in)."""
+        names = set(self.schema.names)
+        cols = [self.columns.ids, self.columns.supervision, MASK_DEFAULT, LABELS_DEFAULT, ATTENTION_DEFAULT]
+        return [c for c in dict.fromkeys(cols) if c in names]
+
     def record_batches(self, batch_rows: int = 8192, columns: list[str] | None = None) -> Iterator[tuple[Path, pa.RecordBatch]]:
-        """Yield ``(file, record_batch)`` in dataset order with ``columns`` (default: all).
+        """Yield ``(file, record_batch)`` in dataset order with ``columns`` (default: all), as stored
+        (a ``[1, L]`` token column stays ``list<list<int>>``; see ``flatten_token_lists``).
 
         Raises ``InputError`` for unreadable or truncated files and malformed JSONL lines.
         """
@@ -154,13 +164,16 @@ class Dataset:
         at most ``max_tokens`` tokens, so memory stays bounded whatever the row lengths.
 
         Raises ``InputError`` naming file, column and row for nulls, non-integer
-        values, masks outside {0, 1}, or labels that are neither -100 nor ids.
+        values, masks outside {0, 1}, labels that are neither -100 nor ids, or a
+        nested token list that is not of shape ``[1, L]``.
         """
         start = 0
         cols = self._needed()
+        tokens = [self.columns.ids, self.columns.supervision]
         for f, rb in self.record_batches(batch_rows, cols):
             if rb.num_rows == 0:
                 continue
+            rb, _ = flatten_token_lists(rb, tokens, f, start)
             _check_schema(rb.schema, self.columns, f, self.columns.convention)
             for piece in _token_slices(rb, self.columns.ids, max_tokens):
                 yield _to_token_batch(piece, self.columns, f, start)
@@ -175,7 +188,7 @@ class Dataset:
         want = np.unique(np.fromiter(rows, dtype=np.int64))
         if want.size == 0:
             return
-        if self.format != "parquet":
+        if not formats.get(self.format).row_groups:
             for batch in self.batches(batch_rows):
                 yield batch
                 if batch.start_row + batch.num_rows > want[-1]:
@@ -184,6 +197,7 @@ class Dataset:
         import pyarrow.parquet as pq
 
         start = 0
+        tokens = [self.columns.ids, self.columns.supervision]
         for f in self.files:
             pf = pq.ParquetFile(f)
             for g in range(pf.metadata.num_row_groups):
@@ -194,6 +208,7 @@ class Dataset:
                     except (pa.ArrowException, OSError) as exc:
                         raise InputError(f"{f}: unreadable parquet file ({_short(exc)})") from None
                     for piece in rb.to_batches():
+                        piece, _ = flatten_token_lists(piece, tokens, f, start)
                         yield _to_token_batch(piece, self.columns, f, start)
                         start += piece.num_rows
                 else:
@@ -205,7 +220,7 @@ def dataset_name(path: str | Path) -> str:
     its known format suffix (``train.v2.parquet`` -> ``train.v2``, ``d.jsonl.gz`` -> ``d``)."""
     p = Path(path)
     name = p.name
-    suffixes = (*PARQUET_SUFFIXES, *ARROW_SUFFIXES, *JSONL_SUFFIXES, ".gz", ".zst")
+    suffixes = (*formats.suffixes(), ".gz", ".zst")
     while not p.is_dir():  # strip known suffixes from the end, one at a time (".jsonl.gz")
         match = next((x for x in suffixes if name.lower().endswith(x) and len(name) > len(x)), None)
         if match is None:
@@ -235,7 +250,7 @@ def open_dataset(
     schemas = [_read_schema(f, fmt) for f in files]
     columns = _choose_columns(schemas[0], files[0], ids_column, mask_column, labels_column, id_column)
     for f, s in zip(files, schemas):
-        _check_schema(s, columns, f, columns.convention)
+        _check_schema(s, columns, f, columns.convention, nested=True)
     return Dataset(path, fmt, files, columns, schemas[0])
 
 
@@ -243,16 +258,10 @@ def open_dataset(
 
 
 def _detect(path: Path) -> tuple[str, list[Path]]:
+    """The format name and the data files (in dataset order) of the dataset at ``path``."""
     if path.is_file():
-        name = path.name.lower()
-        if name.endswith(PARQUET_SUFFIXES):
-            return "parquet", [path]
-        if name.endswith(ARROW_SUFFIXES):
-            return _arrow_kind(path), [path]
-        if name.endswith(JSONL_SUFFIXES):
-            return "jsonl", [path]
-        raise InputError(f"{path}: unknown format (expected .parquet, .arrow/.feather, .jsonl, or a folder)")
-    # A folder: HF save_to_disk, or parquet / arrow / jsonl shards.
+        return formats.detect_file(path).name, [path]
+    # A folder: HF save_to_disk, or shards of one format.
     if (path / "dataset_dict.json").is_file():
         try:
             splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
@@ -269,20 +278,84 @@ def _detect(path: Path) -> tuple[str, list[Path]]:
         if missing:
             raise InputError(f"{missing[0]}: listed in state.json but missing")
         return "hf", files
-    for suffixes, kind in ((PARQUET_SUFFIXES, "parquet"), (ARROW_SUFFIXES, None), (JSONL_SUFFIXES, "jsonl")):
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(suffixes) and not p.name.startswith("."))
-        if files:
-            return (kind or _arrow_kind(files[0])), files
-    raise InputError(f"{path}: folder holds no .parquet, .arrow or .jsonl files")
+    return _detect_folder(path)
 
 
-def _arrow_kind(f: Path) -> str:
-    try:
-        with open(f, "rb") as fh:
-            magic = fh.read(6)
-    except OSError as exc:
-        raise InputError(f"{f}: cannot read ({exc.strerror})") from None
-    return "arrow-file" if magic == b"ARROW1" else "arrow-stream"
+def _detect_folder(path: Path) -> tuple[str, list[Path]]:
+    """The shards of a folder (files under it, at any depth, in sorted path order; names starting
+    with ``.`` are skipped).
+
+    A file named with a dataset suffix (``.parquet``, ``.arrow``, ``.jsonl``, ...) is a shard, of
+    the format its content shows (``formats.detect_file``: an empty or unrecognisable one is an
+    error, never skipped). A file with another name is a shard when its magic bytes show parquet
+    or Arrow IPC, and is otherwise left alone (a README, a licence, a ``.pt`` file). The first
+    family present is read: parquet, then Arrow, then JSONL.
+
+    Arrow streams are read as ``datasets`` wrote them: indices files (``.filter``/``.select``
+    output, one ``indices`` column) are skipped, and streams with another name (SpecForge's
+    ``KEY.pkl``, or ``KEY_00000_of_00008.pkl`` ... from ``num_proc`` processes) must be the shards
+    of one cache, all of them present.
+    """
+    by_family: dict[str, list[tuple[Path, formats.FileFormat, bool]]] = {}
+    broken: dict[str, InputError] = {}  # per family: the first file named like it that is not
+    for p in sorted(q for q in path.rglob("*") if q.is_file() and not q.name.startswith(".")):
+        claimed = formats.family_of_name(p.name)
+        if claimed is None:
+            fmt = formats.sniff_magic(p)
+        else:
+            try:
+                fmt = formats.detect_file(p)
+            except InputError as exc:
+                broken.setdefault(claimed, exc)
+                continue
+        if fmt is not None:
+            by_family.setdefault(fmt.family, []).append((p, fmt, claimed is not None))
+    for family in ("parquet", "arrow", "jsonl"):
+        if family in broken:
+            raise broken[family]
+        found = by_family.get(family)
+        if not found:
+            continue
+        if family == "arrow":
+            found = _arrow_shards(path, found)
+            if not found:
+                break
+        kinds = {fmt.name for _, fmt, _ in found}
+        if len(kinds) > 1:
+            a = next(p for p, fmt, _ in found if fmt.name == "arrow-file")
+            b = next(p for p, fmt, _ in found if fmt.name == "arrow-stream")
+            raise InputError(f"{path}: mixes Arrow IPC files ({a.name}) and streams ({b.name}); keep one format per folder")
+        return found[0][1].name, [p for p, _, _ in found]
+    raise InputError(f"{path}: folder holds no dataset files (expected {formats.EXPECTED})")
+
+
+def _arrow_shards(path: Path, found: list[tuple[Path, formats.FileFormat, bool]]) -> list[tuple[Path, formats.FileFormat, bool]]:
+    """The Arrow files of a folder without ``datasets`` indices files; refuses several caches in one folder."""
+    from dqa.audit.format_arrow import cache_name, is_indices_file
+
+    kept = []
+    for p, fmt, named in found:
+        if fmt.name == "arrow-stream" and is_indices_file(_read_schema(p, fmt.name)):
+            continue
+        kept.append((p, fmt, named))
+    caches: dict[tuple[Path, str, int], set[int]] = {}
+    for p, fmt, named in kept:
+        if fmt.name == "arrow-stream" and not named:
+            base, rank, count = cache_name(p)
+            caches.setdefault((p.parent, base, count), set()).add(rank)
+    if len(caches) > 1:
+        names = ", ".join(sorted(str((d / b).relative_to(path)) for d, b, _ in caches))
+        raise InputError(
+            f"{path}: holds more than one datasets cache ({names}); point dqa at one cache file, "
+            "or at a folder holding one cache's files"
+        )
+    for (d, base, count), ranks in caches.items():
+        missing = sorted(set(range(count)) - ranks)
+        if missing:
+            stem, ext = os.path.splitext(base)  # as datasets splits the cache_file_name
+            miss = f"{stem}_{missing[0]:05d}_of_{count:05d}{ext}"
+            raise InputError(f"{d / miss}: missing ({len(ranks)} of the {count} files of datasets cache {base} are there)")
+    return kept
 
 
 def file_schema(f: Path, fmt: str) -> pa.Schema | None:
@@ -290,32 +363,17 @@ def file_schema(f: Path, fmt: str) -> pa.Schema | None:
 
     Raises pyarrow or OS errors for unreadable files (``_read_schema`` turns them into ``InputError``).
     """
-    if fmt == "parquet":
-        import pyarrow.parquet as pq
-
-        return pq.ParquetFile(f).schema_arrow
-    if fmt == "arrow-file":
-        with pa.memory_map(str(f)) as src:
-            return pa.ipc.open_file(src).schema
-    if fmt in ("arrow-stream", "hf"):
-        with pa.memory_map(str(f)) as src:
-            return pa.ipc.open_stream(src).schema
-    return None
+    ff = formats.get(fmt)
+    return ff.schema(f) if ff.typed else None
 
 
 def _read_schema(f: Path, fmt: str) -> pa.Schema:
     try:
-        return file_schema(f, fmt) or _jsonl_schema(f)
+        return formats.get(fmt).schema(f)  # type: ignore[return-value]  # every format yields one (JSONL: inferred)
     except InputError:
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(f"{f}: unreadable {fmt} file ({_short(exc)})") from None
-
-
-def _jsonl_schema(f: Path) -> pa.Schema:
-    for _, rb in zip(range(1), _iter_jsonl(f, 64, None)):
-        return rb.schema
-    raise InputError(f"{f}: empty JSONL file (no rows)")
 
 
 def _choose_columns(
@@ -347,14 +405,27 @@ def _choose_columns(
     return Columns(ids=ids, mask=mask, labels=labels, id=id_col)
 
 
-def _is_int_list(t: pa.DataType, allow_bool: bool = False) -> bool:
-    if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)):
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def is_nested_list(t: pa.DataType) -> bool:
+    """Whether ``t`` is a list of lists (a ``[1, L]`` token column stores ``list<list<int>>``)."""
+    return _is_list(t) and _is_list(t.value_type)
+
+
+def _is_int_list(t: pa.DataType, allow_bool: bool = False, nested: bool = False) -> bool:
+    """Whether ``t`` is a list of integers (or, with ``allow_bool``, booleans); with ``nested``,
+    also a list of such lists (read as ``[1, L]`` rows)."""
+    if nested and is_nested_list(t):
+        t = t.value_type
+    if not _is_list(t):
         return False
     v = t.value_type
     return pa.types.is_integer(v) or (allow_bool and pa.types.is_boolean(v)) or pa.types.is_null(v)
 
 
-def _check_schema(schema: pa.Schema, columns: Columns, f: Path, convention: str) -> None:
+def _check_schema(schema: pa.Schema, columns: Columns, f: Path, convention: str, nested: bool = False) -> None:
     names = set(schema.names)
     sup = columns.supervision
     if sup not in names:
@@ -363,82 +434,103 @@ def _check_schema(schema: pa.Schema, columns: Columns, f: Path, convention: str)
         raise InputError(f"{f}: no column {sup!r}{hint}; every shard must use the {convention} convention")
     if columns.ids not in names:
         raise InputError(f"{f}: no column {columns.ids!r}")
+    either = " (or one [1, L] list of them per row)" if nested else ""
     t = schema.field(columns.ids).type
-    if not _is_int_list(t):
-        raise InputError(f"{f}: column {columns.ids!r} must be a list of integer token ids, found {t}")
+    if not _is_int_list(t, nested=nested):
+        raise InputError(f"{f}: column {columns.ids!r} must be a list of integer token ids{either}, found {t}")
     t = schema.field(sup).type
-    if not _is_int_list(t, allow_bool=columns.mask is not None):
+    if not _is_int_list(t, allow_bool=columns.mask is not None, nested=nested):
         kind = "0/1 integers or booleans" if columns.mask else "integers (-100 = unsupervised)"
-        raise InputError(f"{f}: column {sup!r} must be a list of {kind}, found {t}")
+        raise InputError(f"{f}: column {sup!r} must be a list of {kind}{either}, found {t}")
+
+
+# --- [1, L] token columns ------------------------------------------------------------------
+
+
+def flatten_token_lists(
+    rb: pa.RecordBatch, columns: Sequence[str], f: Path | str, start_row: int
+) -> tuple[pa.RecordBatch, dict[str, pa.DataType]]:
+    """``rb`` with each of ``columns`` that holds a list of lists per row (``list<list<int>>``)
+    replaced by its one inner list per row; returns it and the stored types of the columns it
+    unwrapped (``nest_token_lists`` puts them back).
+
+    Vectorized: the outer list lengths are checked at once and the outer level dropped with
+    Arrow's ``flatten``. Raises ``InputError`` naming the file, the column, the first bad row
+    (0-based dataset row, ``start_row`` being the batch's first) and the shape found, for a
+    null outer list or any shape other than ``[1, L]`` (``[2, L]``, ``[0]``, ragged).
+    """
+    import pyarrow.compute as pc
+
+    nested: dict[str, pa.DataType] = {}
+    for name in columns:
+        i = rb.schema.get_field_index(name)
+        if i < 0 or not is_nested_list(rb.schema.field(i).type):
+            continue
+        arr = rb.column(i)
+        if arr.null_count:
+            row = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+            raise InputError(f"{f}: column {name!r}, row {start_row + row}: null (expected one [1, L] list of tokens)")
+        outer = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+        bad = np.flatnonzero(outer != 1)
+        if bad.size:
+            row = int(bad[0])
+            raise InputError(
+                f"{f}: column {name!r}, row {start_row + row}: shape {_shape_of(arr.slice(row, 1))} "
+                "(expected [1, L]: one list of tokens per row)"
+            )
+        nested[name] = arr.type
+        rb = rb.set_column(i, rb.schema.field(i).with_type(arr.type.value_type), arr.flatten())
+    return rb, nested
+
+
+def _shape_of(row: pa.Array) -> str:
+    """``[k, L]`` for one row of a list-of-lists column; ``[k, ragged: a, b, ...]`` when the inner lengths differ."""
+    import pyarrow.compute as pc
+
+    inner = row.flatten()
+    k = len(inner)
+    if k == 0:
+        return "[0]"
+    lengths = pc.fill_null(pc.list_value_length(inner), 0).to_numpy(zero_copy_only=False)
+    if (lengths == lengths[0]).all():
+        return f"[{k}, {int(lengths[0])}]"
+    shown = ", ".join(str(int(v)) for v in lengths[:6]) + (", ..." if k > 6 else "")
+    return f"[{k}, ragged: {shown}]"
+
+
+def nest_token_lists(rb: pa.RecordBatch, nested: dict[str, pa.DataType]) -> pa.RecordBatch:
+    """``rb`` with each column of ``nested`` (name -> stored type, from ``flatten_token_lists``)
+    wrapped back into one ``[1, L]`` list per row of that type (vectorized)."""
+    for name, typ in nested.items():
+        i = rb.schema.get_field_index(name)
+        if i < 0:
+            continue
+        arr = rb.column(i)
+        n = len(arr)
+        if pa.types.is_fixed_size_list(typ):
+            outer = pa.FixedSizeListArray.from_arrays(arr, 1)
+        elif pa.types.is_large_list(typ):
+            outer = pa.LargeListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int64)), arr)
+        else:
+            outer = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32)), arr)
+        rb = rb.set_column(i, rb.schema.field(i).with_type(typ), outer.cast(typ))
+    return rb
 
 
 # --- reading -----------------------------------------------------------------------------
 
 
 def _short(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200]
+    return formats.short(exc)
 
 
 def _iter_file(f: Path, fmt: str, batch_rows: int, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
     try:
-        if fmt == "parquet":
-            import pyarrow.parquet as pq
-
-            pf = pq.ParquetFile(f)
-            yield from pf.iter_batches(batch_size=batch_rows, columns=columns, use_threads=True)
-        elif fmt == "arrow-file":
-            with pa.memory_map(str(f)) as src:
-                reader = pa.ipc.open_file(src)
-                for i in range(reader.num_record_batches):
-                    yield from _split(_select(reader.get_record_batch(i), columns), batch_rows)
-        elif fmt in ("arrow-stream", "hf"):
-            with pa.memory_map(str(f)) as src:
-                for rb in pa.ipc.open_stream(src):
-                    yield from _split(_select(rb, columns), batch_rows)
-        else:
-            yield from _iter_jsonl(f, batch_rows, columns)
+        yield from formats.get(fmt).batches(f, batch_rows, columns)
     except InputError:
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(f"{f}: unreadable {fmt} file ({_short(exc)})") from None
-
-
-def _select(rb: pa.RecordBatch, columns: list[str] | None) -> pa.RecordBatch:
-    return rb if columns is None else rb.select(columns)
-
-
-def _split(rb: pa.RecordBatch, batch_rows: int) -> Iterator[pa.RecordBatch]:
-    for start in range(0, rb.num_rows, batch_rows):
-        yield rb.slice(start, batch_rows)
-
-
-def _iter_jsonl(f: Path, batch_rows: int, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
-    """Parse JSONL with pyarrow's block reader; on a parse error, find the offending line for the message."""
-    import pyarrow.json as pj
-
-    try:
-        reader = pj.open_json(f, read_options=pj.ReadOptions(block_size=1 << 24))
-        for rb in reader:
-            yield from _split(_select(rb, columns), batch_rows)
-    except (pa.ArrowInvalid, ValueError) as exc:
-        line = _first_bad_jsonl_line(f)
-        where = f"line {line}: " if line else ""
-        raise InputError(f"{f}: {where}malformed JSONL ({_short(exc)})") from None
-
-
-def _first_bad_jsonl_line(f: Path) -> int | None:
-    """1-based number of the first line that is not one JSON object (error path only)."""
-    with open(f, "rb") as fh:
-        for n, raw in enumerate(fh, 1):
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw)
-            except ValueError:
-                return n
-            if not isinstance(obj, dict):
-                return n
-    return None
 
 
 def _list_parts(arr: pa.Array, f: Path, col: str, start_row: int) -> tuple[np.ndarray, np.ndarray]:

@@ -372,6 +372,8 @@ class DatasetWriter:
                 continue
             if p.parent == base and p.name in skip:
                 continue
+            if _is_stale_indices(p):
+                continue  # datasets' filter/select row lists point into the old data: never reuse them
             dest = self.root / rel
             with atomic_path(dest) as tmp:
                 shutil.copyfile(p, tmp)
@@ -398,3 +400,18 @@ class DatasetWriter:
             sink.discard()
         self._sinks.clear()
         shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _is_stale_indices(p: Path) -> bool:
+    """True for a ``datasets`` indices file (``cache-*.arrow`` written by ``.filter``/``.select``
+    beside a cache): its row positions belong to the input, not to the merged output."""
+    if p.suffix != ".arrow":
+        return False
+    from dqa.audit.format_arrow import is_indices_file
+    import pyarrow as pa
+
+    try:
+        with pa.memory_map(str(p)) as src:
+            return is_indices_file(pa.ipc.open_stream(src).schema)
+    except (pa.ArrowInvalid, OSError):
+        return False

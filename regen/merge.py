@@ -10,12 +10,17 @@ What it writes
       the shard's mask; ``labels`` gets the id where the mask is 1, else -100 (both are
       rewritten when the input has both);
     - an ``attention_mask`` column, when present, becomes all ones of the new length;
+    - a token column stored as one ``[1, L]`` list per row (``list<list<int>>``, SpecForge's
+      ``datasets`` cache) is written back in that layout, so NEW keeps the input's schema;
     - every other column is kept as it was (an ``id``, a ``messages`` column, ...);
     - a provenance column ``dqa_regen`` is added: a struct of ``endpoint``, ``model``,
       ``finish_reason``, ``status``, ``sampling`` (JSON text) and ``completed_at``
       (timestamp, UTC), null for rows that were not replaced. In JSONL it is the same
       object as JSON text, and the text ``null`` for untouched rows: JSONL readers infer a
       column's type from the first rows and reject a null column that later holds objects.
+      Where the token columns are ``[1, L]`` lists it is the same JSON text (null for
+      untouched rows): such a dataset is read as torch tensors (SpecForge calls
+      ``set_format(type="torch")``), which cannot hold a timestamp.
       Merging a merged dataset keeps the earlier provenance of rows it does not replace.
 
     Rows keep their order. Rows that could not be regenerated — shard status ``failed``,
@@ -57,7 +62,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dqa.arrays import ranks as _ranks
-from dqa.audit.readers import IGNORE_INDEX, _is_int_list
+from dqa.audit import formats
+from dqa.audit.readers import IGNORE_INDEX, _is_int_list, flatten_token_lists, is_nested_list, nest_token_lists
 from dqa.errors import InputError, RuntimeFailure
 
 PROVENANCE_COLUMN = "dqa_regen"
@@ -480,13 +486,18 @@ class Merger:
         self.drop = failed == "drop"
         self.check_prompts = check_prompts
         self.cache = _GroupCache(index, cache_bytes)
-        self.json_provenance = dataset.format == "jsonl"
         cols = dataset.columns
         names = set(dataset.schema.names)
         self.ids_col = cols.ids
         self.mask_cols = [c for c in dict.fromkeys([cols.mask, "loss_mask" if cols.mask is None else None]) if c and c in names]
         self.label_cols = [c for c in dict.fromkeys([cols.labels, "labels" if cols.labels is None else None]) if c and c in names]
         self.attention_col = "attention_mask" if "attention_mask" in names else None
+        self.token_cols = [self.ids_col, *self.mask_cols, *self.label_cols] + ([self.attention_col] if self.attention_col else [])
+        # Provenance as JSON text where a struct cannot go: JSONL (no stored types), and a dataset whose
+        # token columns hold [1, L] tensors (SpecForge's cache: set_format("torch") cannot tensorize a timestamp).
+        self.tensor_layout = any(is_nested_list(dataset.schema.field(c).type) for c in self.token_cols)
+        self.untyped = not formats.get(dataset.format).typed
+        self.json_provenance = self.untyped or self.tensor_layout
         self.id_col = cols.id
         self.unregen_rows: list[np.ndarray] = []
         self.unregen_reasons: list[np.ndarray] = []
@@ -505,7 +516,8 @@ class Merger:
         return stored.append(pa.field(PROVENANCE_COLUMN, self.provenance_type))
 
     def merge_batch(self, start: int, rb: pa.RecordBatch) -> pa.RecordBatch:
-        """The merged version of ``rb`` (dataset rows ``start .. start + len``)."""
+        """The merged version of ``rb`` (dataset rows ``start .. start + len``), token columns flat
+        (``run`` unwraps ``[1, L]`` columns before and wraps them back after)."""
         n = rb.num_rows
         idx = self.index
         lo, hi = np.searchsorted(idx.rows, [start, start + n])
@@ -723,7 +735,7 @@ class Merger:
                     f"column {PROVENANCE_COLUMN!r} exists in the dataset with type {existing.type}; expected {typ}"
                 ) from None
         if existing is None:
-            existing = pa.repeat(pa.scalar("null"), n) if self.json_provenance else pa.nulls(n, typ)
+            existing = pa.repeat(pa.scalar("null"), n) if self.untyped else pa.nulls(n, typ)
         if rep is None:
             return existing if keep is None else existing.filter(pa.array(keep))
         new = self._provenance_of(rep.table)
@@ -780,8 +792,9 @@ class Merger:
                     break
                 if rb.num_rows == 0:
                     continue
-                self._check_input(src, start, rb)
-                pending.put((src, self.merge_batch(start, rb)))
+                flat, nested = flatten_token_lists(rb, self.token_cols, src, start)
+                self._check_input(src, start, flat)
+                pending.put((src, nest_token_lists(self.merge_batch(start, flat), nested)))
                 start += rb.num_rows
                 if on_batch:
                     on_batch(rb.num_rows)

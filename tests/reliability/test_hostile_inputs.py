@@ -115,8 +115,40 @@ def jsonl_bad_line(d: Path):
     return p, ["train.jsonl", "line 4"]
 
 
+def specforge_cache_two_sequences_in_a_row(d: Path):
+    """SpecForge's tokenized cache (``datasets`` ``.map(cache_file_name=KEY.pkl)`` of [1, L] rows,
+    specforge/data/preprocessing.py), except that row 7 holds two sequences: shape [2, L]."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    ids, masks = good_rows()
+
+    def preprocess(examples):
+        out = {"input_ids": [], "loss_mask": [], "attention_mask": []}
+        for i in examples["row"]:
+            k = 2 if i == 7 else 1
+            out["input_ids"].append([ids[i]] * k)
+            out["loss_mask"].append([masks[i]] * k)
+            out["attention_mask"].append([[1] * len(ids[i])] * k)
+        return out
+
+    p = d / "train.pkl"
+    datasets.Dataset.from_dict({"row": list(range(len(ids)))}).map(
+        preprocess, batched=True, batch_size=1000, remove_columns=["row"], cache_file_name=str(p))
+    return p, ["train.pkl", "'input_ids'", "row 7", "shape [2, ", "[1, L]"]
+
+
+def python_pickle_named_pkl(d: Path):
+    import pickle
+
+    p = d / "train.pkl"
+    p.write_bytes(pickle.dumps({"input_ids": good_rows()[0]}))
+    return p, ["train.pkl", "unknown format", "pickle"]
+
+
 DATASETS = [truncated_parquet, empty_file, zero_rows, ids_as_strings, mask_as_floats, null_inside_mask, negative_id,
-            id_beyond_vocabulary, mixed_conventions, jsonl_bad_line]
+            id_beyond_vocabulary, mixed_conventions, jsonl_bad_line, specforge_cache_two_sequences_in_a_row,
+            python_pickle_named_pkl]
 
 
 def assert_one_line(r, must: list[str]) -> str:

@@ -1,6 +1,8 @@
 """Property: any token/mask rows, written in any supported format with any value types and any
-split into shards (empty shards included), read back through ``dqa.audit.readers`` identically:
-the same ids, the same mask, the same sample ids, in the same row order, whatever the batch size.
+split into shards (empty shards included), flat or as one ``[1, L]`` list per row (SpecForge's
+layout), under their format's file suffix or under a name that says nothing (the readers go by
+content), read back through ``dqa.audit.readers`` identically: the same ids, the same mask, the
+same sample ids, in the same row order, whatever the batch size.
 
 Soak (DQA_SOAK=1): 1,000 examples instead of 80.
 """
@@ -44,6 +46,8 @@ def cases(draw):
         "mask_type": draw(st.sampled_from([pa.int8(), pa.uint8(), pa.int32(), pa.bool_()])),
         "large_list": draw(st.booleans()),
         "with_id": draw(st.booleans()),
+        "nested": draw(st.booleans()),  # token columns as list<list<int>> of shape [1, L]
+        "odd_name": draw(st.booleans()) and fmt != "jsonl-dir",  # a JSONL shard in a folder needs its suffix
         "batch_rows": draw(st.integers(1, 40)),
         "max_tokens": draw(st.integers(1, 200)),
     }
@@ -56,10 +60,17 @@ def table(case, rows, first: int) -> pa.Table:
         sup = pa.array([r[1] for r in rows], pa.list_(pa.int64())).cast(lst(case["mask_type"]))
     else:
         sup = pa.array([[t if m else -100 for t, m in zip(*r)] for r in rows], lst(pa.int64()))
+    if case["nested"]:
+        ids, sup = (pa.ListArray.from_arrays(pa.array(np.arange(len(rows) + 1, dtype=np.int32)), a) for a in (ids, sup))
     cols = {"input_ids": ids, case["convention"]: sup}
     if case["with_id"]:
         cols = {"id": pa.array([f"row-{first + i}" for i in range(len(rows))]), **cols}
     return pa.table(cols)
+
+
+def name(case, stem: str, suffix: str) -> str:
+    """``stem + suffix``, or, for ``odd_name`` cases, a name that does not tell the format."""
+    return stem + (".bin" if case["odd_name"] else suffix)
 
 
 def write(case, folder: Path) -> Path:
@@ -67,11 +78,12 @@ def write(case, folder: Path) -> Path:
     bounds = [0, *case["cuts"], len(rows)]
     pieces = [(rows[a:b], a) for a, b in zip(bounds, bounds[1:])]
     if fmt == "parquet":
-        pq.write_table(table(case, rows, 0), folder / "set.parquet")
-        return folder / "set.parquet"
+        path = folder / name(case, "set", ".parquet")
+        pq.write_table(table(case, rows, 0), path)
+        return path
     if fmt == "arrow-file" or fmt == "arrow-stream":
         t = table(case, rows, 0)
-        path = folder / "set.arrow"
+        path = folder / name(case, "set", ".arrow")
         opener = pa.ipc.new_file if fmt == "arrow-file" else pa.ipc.new_stream
         with opener(str(path), t.schema) as w:
             for b in t.to_batches(max_chunksize=max(1, len(rows) // 3)):
@@ -84,20 +96,21 @@ def write(case, folder: Path) -> Path:
         datasets.Dataset(table(case, rows, 0)).save_to_disk(str(folder / "hf"), max_shard_size="1KB")
         return folder / "hf"
     if fmt == "jsonl":
-        write_jsonl(case, rows, 0, folder / "set.jsonl")
-        return folder / "set.jsonl"
+        path = folder / name(case, "set", ".jsonl")
+        write_jsonl(case, rows, 0, path)
+        return path
     out = folder / "shards"
     out.mkdir()
     for k, (piece, first) in enumerate(pieces):
-        name = out / f"part-{k:03d}"
+        stem = f"part-{k:03d}"
         if fmt == "parquet-dir":
-            pq.write_table(table(case, piece, first), name.with_suffix(".parquet"))
+            pq.write_table(table(case, piece, first), out / name(case, stem, ".parquet"))
         elif fmt == "arrow-dir":
             t = table(case, piece, first)
-            with pa.ipc.new_file(str(name.with_suffix(".arrow")), t.schema) as w:
+            with pa.ipc.new_file(str(out / name(case, stem, ".arrow")), t.schema) as w:
                 w.write_table(t)
         elif piece:  # an empty JSONL shard has no schema to offer: skipped, as a writer would
-            write_jsonl(case, piece, first, name.with_suffix(".jsonl"))
+            write_jsonl(case, piece, first, out / name(case, stem, ".jsonl"))
     return out
 
 

@@ -1,0 +1,184 @@
+"""Dataset file formats: a small registry, one module per format.
+
+Each format (``format_parquet``, ``format_arrow``, ``format_jsonl``) is a ``FileFormat``: its
+name (the ``format`` that summaries record), its suffix family and suffixes, how to recognise a
+file by its first and last bytes (``sniff``), its stored schema, its record batches, its row
+count where the format records it, and a sink that writes it.
+
+A file is recognised by its content, whatever its name (``detect_file``):
+
+- parquet: ``PAR1`` at the start (and, when whole, at the end: a file cut short is still
+  parquet, and reading it fails naming the file);
+- Arrow IPC file: ``ARROW1`` at the start;
+- Arrow IPC stream: an IPC message, i.e. the continuation marker ``0xFFFFFFFF`` (what
+  ``datasets`` writes for ``.map(cache_file_name=...)``, so SpecForge's ``*.pkl`` cache reads);
+- JSONL: by its suffix (``.jsonl``, ``.ndjson``, ``.json``) or, for other names, a first
+  non-blank character ``{``.
+
+Anything else is an ``InputError`` naming the file and what was expected.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Iterator, Protocol
+
+import pyarrow as pa
+
+from dqa.errors import InputError
+
+HEAD_BYTES = 4096  # enough to see past leading blank lines of a JSONL file
+EXPECTED = (
+    "a parquet file (starts with PAR1), an Arrow IPC file (ARROW1) or stream (0xFFFFFFFF), "
+    "JSONL (.jsonl, or lines of JSON objects), or a folder of them"
+)
+
+
+class Sink(Protocol):
+    """An open output file of one format: ``write`` record batches, then ``close``."""
+
+    def write(self, batch: pa.RecordBatch) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class FileFormat:
+    """One on-disk format. Subclasses (one per module) fill in the class attributes and methods."""
+
+    name: str = ""  # recorded in summaries: parquet, arrow-file, arrow-stream, jsonl (hf: a folder of arrow-stream)
+    family: str = ""  # the suffix family an output file of this format is named with: parquet, arrow, jsonl
+    suffixes: tuple[str, ...] = ()
+    label: str = ""  # for messages: "parquet", "an Arrow IPC file", ...
+    typed: bool = True  # stores an Arrow schema (False for JSONL: types are inferred from the rows)
+    row_groups: bool = False  # rows can be read by row group (parquet), located from the footer
+
+    def sniff(self, head: bytes, tail: bytes) -> bool:
+        """Whether a file starting with ``head`` and ending with ``tail`` is of this format."""
+        return False
+
+    def schema(self, f: Path) -> pa.Schema | None:
+        """The stored schema of ``f`` (with its metadata); None when the format stores none."""
+        raise NotImplementedError
+
+    def batches(self, f: Path, batch_rows: int, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
+        """Record batches of ``f`` in file order, at most ``batch_rows`` rows each, with ``columns`` (all when None)."""
+        raise NotImplementedError
+
+    def num_rows(self, f: Path) -> int | None:
+        """Rows of ``f`` when the format records them cheaply; None otherwise."""
+        return None
+
+    def sink(self, path: Path, schema: pa.Schema | None, compression: str | None = None) -> Sink:
+        """Open ``path`` for writing record batches of ``schema`` in this format."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<format {self.name}>"
+
+
+def select(rb: pa.RecordBatch, columns: list[str] | None) -> pa.RecordBatch:
+    return rb if columns is None else rb.select(columns)
+
+
+def split(rb: pa.RecordBatch, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """``rb`` in consecutive slices of at most ``batch_rows`` rows (zero-copy)."""
+    for start in range(0, rb.num_rows, batch_rows):
+        yield rb.slice(start, batch_rows)
+
+
+def short(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200]
+
+
+# --- the registry ------------------------------------------------------------------------------
+
+
+@functools.cache
+def _registry() -> dict[str, FileFormat]:
+    from dqa.audit.format_arrow import ARROW_FILE, ARROW_STREAM, HF
+    from dqa.audit.format_jsonl import JSONL
+    from dqa.audit.format_parquet import PARQUET
+
+    return {f.name: f for f in (PARQUET, ARROW_FILE, ARROW_STREAM, HF, JSONL)}
+
+
+def get(name: str) -> FileFormat:
+    """The format recorded as ``name`` (``parquet``, ``arrow-file``, ``arrow-stream``, ``hf``, ``jsonl``)."""
+    try:
+        return _registry()[name]
+    except KeyError:
+        raise InputError(f"unknown dataset format {name!r} (known: {', '.join(_registry())})") from None
+
+
+def all_formats() -> list[FileFormat]:
+    """The file formats, in the order a folder's families are preferred (parquet, Arrow, JSONL); no ``hf``."""
+    return [f for f in _registry().values() if f.name != "hf"]
+
+
+def by_magic() -> list[FileFormat]:
+    """The formats recognised by magic bytes."""
+    return [f for f in all_formats() if f.name != "jsonl"]
+
+
+def suffixes(family: str | None = None) -> tuple[str, ...]:
+    """The known file suffixes (of one family, or all)."""
+    seen: dict[str, None] = {}
+    for f in all_formats():
+        if family is None or f.family == family:
+            seen.update(dict.fromkeys(f.suffixes))
+    return tuple(seen)
+
+
+def family_of_name(name: str) -> str | None:
+    """The suffix family (``parquet``, ``arrow``, ``jsonl``) a file name claims, or None."""
+    low = name.lower()
+    for f in all_formats():
+        if low.endswith(f.suffixes):
+            return f.family
+    return None
+
+
+def peek(path: Path, head_bytes: int = HEAD_BYTES) -> tuple[bytes, bytes, int]:
+    """The first ``head_bytes`` bytes, the last 4 bytes and the size of ``path``."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(head_bytes)
+            size = fh.seek(0, 2)
+            if size <= len(head):
+                tail = head[-4:]
+            else:
+                fh.seek(size - 4)
+                tail = fh.read(4)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    return head, tail, size
+
+
+def sniff_magic(path: Path) -> FileFormat | None:
+    """The format whose magic bytes ``path`` carries (parquet, Arrow IPC file or stream), or None."""
+    head, tail, _ = peek(path, 8)
+    return next((f for f in by_magic() if f.sniff(head, tail)), None)
+
+
+def detect_file(path: Path) -> FileFormat:
+    """The format of the file at ``path``, by its content (see the module docstring).
+
+    Raises ``InputError`` naming the file for an empty file (except a ``.jsonl``, which the
+    JSONL reader reports as having no rows) and for content of no known format.
+    """
+    head, tail, size = peek(path)
+    for f in by_magic():
+        if f.sniff(head, tail):
+            return f
+    jsonl = get("jsonl")
+    claimed = family_of_name(path.name)
+    if claimed == "jsonl":
+        return jsonl
+    if size == 0:
+        raise InputError(f"{path}: empty file (0 bytes); expected {EXPECTED}")
+    if claimed is None and jsonl.sniff(head, tail):
+        return jsonl
+    named = f"named like {claimed} but " if claimed else ""
+    pickled = ": a Python pickle, which dqa does not load" if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05") else ""
+    raise InputError(f"{path}: unknown format ({named}starts with bytes {head[:8].hex(' ')}{pickled}); expected {EXPECTED}")
