@@ -25,7 +25,7 @@ fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
 
-echo "==> installing dqa with the examples extra (pip install -e '.[examples]'; 1-3 minutes the first time, no torch)"
+echo "==> installing dqa with the examples extra (pip install -e '.[examples]'; 1-5 minutes the first time, no torch)"
 # pip's own lines, filtered to one per package, so a long install shows that it is moving.
 pip_install() { python -m pip install --progress-bar off "$@" 2>&1 | { grep --line-buffered -E '^(Collecting|Successfully|ERROR)' || true; }; }
 pip_install --upgrade pip
