@@ -9,6 +9,14 @@ all read ``CHECKS``. Thresholds are overridden by a TOML config
 Set-level context comes first (``prepare``): how many samples share each
 supervised-token hash, how many distinct prompts each shared response has,
 and whether thinking is expected in this set.
+
+The metrics come from the chat format read from the tokenizer's own template
+(``dqa.audit.chat_format``): turns are delimited by its role tokens, the assistant
+header is its token sequence, and a trained span may end in end-of-turn followed by
+the template's own tokens after it (ChatML's ``\n``, which SpecForge, TRL and
+LLaMA-Factory train). A ``<think>`` in an untrained header (SpecForge's ``qwen3.5``:
+``<|im_start|>assistant\n<think>\n``) still opens the turn's think block. The checks
+look at the final assistant turn; per-turn checks are a later step.
 """
 
 from __future__ import annotations
@@ -119,7 +127,8 @@ CHECKS: tuple[Check, ...] = (
     Check(
         "truncated",
         "does not end with end-of-turn",
-        "the supervised span of the final turn does not end in the end-of-turn token (or its think block never closes)",
+        "the supervised span of the final turn does not end in the end-of-turn token (or in what the template puts "
+        "right after it, ChatML's newline), or the turn or its think block never closes",
         "the model learns to stop mid-thought; length-capped generations counted as good",
         lambda ctx: SUP
         & (
@@ -140,7 +149,8 @@ CHECKS: tuple[Check, ...] = (
     Check(
         "mask_misaligned",
         "loss on headers, user or system text",
-        "supervised tokens fall outside assistant turns (chat headers, system or user text), or labels differ from input_ids",
+        "supervised tokens fall outside assistant turns (chat headers, system or user text; a turn runs from its header "
+        "through its end-of-turn token and what the template puts after it), or labels differ from input_ids",
         "the model is trained to write the user's side or the template itself",
         lambda ctx: pl.col("misaligned_tokens") > _p(ctx, "mask_misaligned", "max_tokens"),
         {"max_tokens": 0},

@@ -8,6 +8,11 @@ The kernel never loops over rows or tokens in Python. Two ideas keep it fast:
 - Ranges are counted with prefix sums: the supervised tokens in ``[a, b)`` are
   ``cs[b] - cs[a]`` for the cumulative sum ``cs`` of the mask.
 
+Everything about the chat template comes from the ``ChatFormat`` (``dqa.audit.chat_format``):
+its role tokens delimit turns, its assistant header is matched as a token sequence that
+starts with one of them, and a trained span may end in end of turn followed by the
+template's own tokens after it (ChatML's newline).
+
 Hashes (supervised sequence, prompt, n-grams) use a per-token 64-bit mix table
 and polynomial sums in wrapping uint64 arithmetic, so equal token sequences hash
 equally whatever batch or row they sit in.
@@ -21,7 +26,7 @@ import numpy as np
 
 from dqa.arrays import ranks
 from dqa.audit.readers import TokenBatch
-from dqa.audit.template import TemplateSpec
+from dqa.audit.chat_format import ChatFormat
 from dqa.errors import InputError
 
 NGRAM = 8  # n-gram length for repetition
@@ -57,6 +62,15 @@ METRIC_COLUMNS = (
     "prompt_hash",
 )
 
+# Per-sample facts about the dataset's masking convention (FORMATS.md; summed up in summary.json's
+# ``conventions``). Written to metrics.parquet, but not required of a metrics table.
+CONVENTION_COLUMNS = (
+    "assistant_turns",
+    "trained_turns",
+    "post_eot_trained",
+    "think_open_trained",
+)
+
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
     """The splitmix64 finalizer on a uint64 array (a stable, well-mixed hash of each value)."""
@@ -72,16 +86,16 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
 
 @dataclass
 class KernelTables:
-    """Lookup tables built once per scan from the template spec.
+    """Lookup tables built once per scan from the chat format.
 
-    ``code[token]``: low bits the template kind (0 ordinary, 1 turn start, 2 end of turn,
-    3 ``<think>``, 4 ``</think>``), bit ``BOILER`` set for boilerplate.
+    ``code[token]``: low bits the template kind (0 ordinary, 1 turn opener (any of the format's
+    role tokens), 2 end of turn, 3 ``<think>``, 4 ``</think>``), bit ``BOILER`` set for boilerplate.
     ``mix[token]``: 64-bit token hash. ``anchor[token]``: True for the 1/8 of the
     vocabulary where repetition n-grams are sampled.
     ``pow`` / ``pow_inv``: powers of the sequence-hash multiplier and its inverse (grown on demand).
     """
 
-    spec: TemplateSpec
+    spec: ChatFormat
     code: np.ndarray
     mix: np.ndarray
     anchor: np.ndarray
@@ -89,10 +103,11 @@ class KernelTables:
     pow_inv: np.ndarray = field(default_factory=lambda: np.ones(1, dtype=np.uint64))
 
     @classmethod
-    def build(cls, spec: TemplateSpec) -> "KernelTables":
+    def build(cls, spec: ChatFormat) -> "KernelTables":
         code = np.zeros(spec.vocab_size, dtype=np.uint8)
         code[spec.boilerplate_lut()] = BOILER
-        code[spec.turn_start] |= TURN_START
+        for opener in spec.turn_openers:
+            code[opener] |= TURN_START
         code[spec.eot] |= EOT
         if spec.think_open is not None:
             code[spec.think_open] |= THINK_OPEN
@@ -217,7 +232,7 @@ def _ngram_repeat_share(sup_mix: np.ndarray, anchors: np.ndarray, bounds: np.nda
 def batch_metrics(batch: TokenBatch, tables: KernelTables) -> dict[str, np.ndarray]:
     """Compute the per-row metrics of ``batch`` (see FORMATS.md, metrics.parquet).
 
-    Returns a dict of equal-length numpy arrays keyed by ``METRIC_COLUMNS``.
+    Returns a dict of equal-length numpy arrays keyed by ``METRIC_COLUMNS`` and ``CONVENTION_COLUMNS``.
     Raises ``InputError`` naming the file and row of a token id outside the vocabulary.
     """
     spec = tables.spec
@@ -258,12 +273,12 @@ def batch_metrics(batch: TokenBatch, tables: KernelTables) -> dict[str, np.ndarr
 
     content_tokens = supervised - count_in(sup_boiler_pos, starts, ends)
 
-    # Assistant headers: a turn start followed by the rest of the header, inside the same row.
+    # Assistant headers: the header's turn opener followed by the rest of the header, inside the same row.
     header = np.asarray(spec.assistant_header, dtype=np.int64)
     hlen = len(header)
     ts_row = np.searchsorted(offs, pos_ts, side="right") - 1
     fits = pos_ts + hlen <= ends[ts_row]
-    is_header = fits.copy()
+    is_header = fits & (ids[pos_ts] == header[0]) if len(spec.turn_openers) > 1 else fits.copy()
     for k in range(1, hlen):  # loop over the header's few tokens, not over data
         idx = np.minimum(pos_ts + k, max(ids.size - 1, 0))
         is_header &= ids[idx] == header[k]
@@ -302,30 +317,66 @@ def batch_metrics(batch: TokenBatch, tables: KernelTables) -> dict[str, np.ndarr
     answer_tokens = np.where(has_assistant, answer_sup, 0)
 
     # Last supervised position: the first index where the mask prefix reaches the row's total.
+    # The trained span ends at end of turn: on the end-of-turn token, just before it, or inside
+    # what the template renders after it (ChatML's "\n": SpecForge, TRL, LLaMA-Factory train it).
     last_sup = np.searchsorted(cs_mask, cs_mask[ends], side="left") - 1
     has_sup = supervised > 0
-    safe_last = np.clip(last_sup, 0, max(ids.size - 1, 0))
-    nxt = np.minimum(safe_last + 1, max(ids.size - 1, 0))
-    last_supervised_eot = has_sup & (
-        (ids[safe_last] == spec.eot) | ((safe_last + 1 < ends) & (ids[nxt] == spec.eot))
-    ) if ids.size else np.zeros(n, dtype=bool)
+    top = max(ids.size - 1, 0)
+    safe_last = np.clip(last_sup, 0, top)
+    nxt = np.minimum(safe_last + 1, top)
+    if ids.size:
+        last_supervised_eot = has_sup & (
+            (ids[safe_last] == spec.eot) | ((safe_last + 1 < ends) & (ids[nxt] == spec.eot))
+        )
+        post = spec.post_eot or ()
+        for m in range(1, len(post) + 1):  # the span ends m tokens after end of turn (a loop over 1-2 template tokens)
+            at = safe_last - m
+            ends_here = has_sup & (at >= starts) & (ids[np.maximum(at, 0)] == spec.eot)
+            for k in range(1, m + 1):
+                ends_here &= ids[np.clip(at + k, 0, top)] == post[k - 1]
+            last_supervised_eot |= ends_here
+    else:
+        last_supervised_eot = np.zeros(n, dtype=bool)
 
-    # Supervised tokens inside assistant turns: from after each header to its end of turn
-    # (plus one trailing newline, which common masking code includes), cut at the next turn start.
+    # Supervised tokens inside assistant turns: from after each header to its end of turn (plus
+    # what the template renders after it, ChatML's newline, which common masking code includes),
+    # cut at the next turn opener. Per turn also whether it is trained at all.
     if hpos.size:
         region_start = hpos + hlen
         row_end = ends[hrow]
         e_at, e_found = first_at_or_after(pos_eot, region_start, row_end)
         region_end = np.where(e_found, e_at + 1, row_end)
-        if spec.newline is not None and ids.size:
-            trailing_nl = e_found & (region_end < row_end) & (ids[np.minimum(region_end, ids.size - 1)] == spec.newline)
-            region_end = region_end + trailing_nl
+        if ids.size:
+            follows = e_found.copy()
+            for tok in spec.post_eot or ():
+                follows &= (region_end < row_end) & (ids[np.minimum(region_end, top)] == tok)
+                region_end = region_end + follows
         nts, nts_found = first_at_or_after(pos_ts, region_start, row_end)
         region_end = np.where(nts_found, np.minimum(region_end, nts), region_end)
         inside = cs_mask[region_end] - cs_mask[region_start]
         sup_inside = np.bincount(hrow, weights=inside, minlength=n).astype(np.int64)
+        assistant_turns = np.bincount(hrow, minlength=n).astype(np.int64)
+        trained_turns = np.bincount(hrow, weights=inside > 0, minlength=n).astype(np.int64)
     else:
         sup_inside = np.zeros(n, dtype=np.int64)
+        assistant_turns = np.zeros(n, dtype=np.int64)
+        trained_turns = np.zeros(n, dtype=np.int64)
+
+    # Masking conventions of the final turn (-1: does not apply): is the token the template puts
+    # after a trained end of turn trained too; is a <think> that opens the turn trained (SpecForge's
+    # qwen3.5 template puts "<think>\n" in the untrained header).
+    post_eot_trained = np.full(n, -1, dtype=np.int8)
+    think_open_trained = np.full(n, -1, dtype=np.int8)
+    if ids.size:
+        if spec.post_eot:
+            p = np.minimum(eot_at + 1, top)
+            applies = final_turn_closed & (eot_at + 1 < ends) & (ids[p] == spec.post_eot[0]) & (mask[np.minimum(eot_at, top)] != 0)
+            post_eot_trained[applies] = mask[p[applies]] != 0
+        if spec.think_open is not None:
+            c = np.minimum(content_start, top)
+            final_sup = cs_mask[final_end] - cs_mask[np.minimum(content_start, final_end)]
+            applies = has_assistant & (content_start < ends) & (ids[c] == spec.think_open) & (final_sup > 0)
+            think_open_trained[applies] = mask[c[applies]] != 0
     misaligned = supervised - sup_inside + batch.label_mismatch
 
     # Hashes of the supervised sequence and of the prompt (unsupervised tokens), and loops.
@@ -357,4 +408,8 @@ def batch_metrics(batch: TokenBatch, tables: KernelTables) -> dict[str, np.ndarr
         "ngram_repeat_share": ngram_share,
         "supervised_hash": supervised_hash,
         "prompt_hash": prompt_hash,
+        "assistant_turns": assistant_turns,
+        "trained_turns": trained_turns,
+        "post_eot_trained": post_eot_trained,
+        "think_open_trained": think_open_trained,
     }

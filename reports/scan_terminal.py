@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from dqa.audit.chat_format import conventions_line
 from dqa.reports.scan_markdown import template_repr
 from dqa.reports.scan_order import checks_by_samples, root_cause, root_cause_legend
 
@@ -51,6 +52,8 @@ def print_scan_table(summary: dict[str, Any], out_dir: str, console: Console) ->
         console.print("[bold]degenerate templates[/] (samples, share, tokens, supervised text):")
         for t in templates[:5]:
             console.print(f"  {t['count']:>9,}  {t['share']:6.1%}  {t['tokens']:>5}  {template_repr(t['text'], 200)}", markup=False, highlight=False)
+    if line := conventions_line(summary.get("conventions") or {}):  # chat format and masking conventions found
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     share = summary["failing_share"]
     colour = "green" if summary["failing_rows"] == 0 else "red"
     console.print(
