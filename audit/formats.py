@@ -13,7 +13,9 @@ A file is recognised by its content, whatever its name (``detect_file``):
 - Arrow IPC stream: an IPC message, i.e. the continuation marker ``0xFFFFFFFF`` (what
   ``datasets`` writes for ``.map(cache_file_name=...)``, so SpecForge's ``*.pkl`` cache reads);
 - JSONL: by its suffix (``.jsonl``, ``.ndjson``, ``.json``) or, for other names, a first
-  non-blank character ``{``.
+  non-blank character ``{``; a JSONL file whose first record holds a ``conversations`` or
+  ``messages`` list of message objects and no ``input_ids`` is conversation JSONL
+  (``format_conversations``: rendered with the chat template and masked at read time).
 
 Anything else is an ``InputError`` naming the file and what was expected.
 """
@@ -97,14 +99,15 @@ def short(exc: BaseException) -> str:
 @functools.cache
 def _registry() -> dict[str, FileFormat]:
     from dqa.audit.format_arrow import ARROW_FILE, ARROW_STREAM, HF
+    from dqa.audit.format_conversations import CONVERSATIONS
     from dqa.audit.format_jsonl import JSONL
     from dqa.audit.format_parquet import PARQUET
 
-    return {f.name: f for f in (PARQUET, ARROW_FILE, ARROW_STREAM, HF, JSONL)}
+    return {f.name: f for f in (PARQUET, ARROW_FILE, ARROW_STREAM, HF, JSONL, CONVERSATIONS)}
 
 
 def get(name: str) -> FileFormat:
-    """The format recorded as ``name`` (``parquet``, ``arrow-file``, ``arrow-stream``, ``hf``, ``jsonl``)."""
+    """The format recorded as ``name`` (``parquet``, ``arrow-file``, ``arrow-stream``, ``hf``, ``jsonl``, ``conversations``)."""
     try:
         return _registry()[name]
     except KeyError:
@@ -118,7 +121,7 @@ def all_formats() -> list[FileFormat]:
 
 def by_magic() -> list[FileFormat]:
     """The formats recognised by magic bytes."""
-    return [f for f in all_formats() if f.name != "jsonl"]
+    return [f for f in all_formats() if f.family != "jsonl"]
 
 
 def suffixes(family: str | None = None) -> tuple[str, ...]:
@@ -174,11 +177,18 @@ def detect_file(path: Path) -> FileFormat:
     jsonl = get("jsonl")
     claimed = family_of_name(path.name)
     if claimed == "jsonl":
-        return jsonl
+        return _jsonl_kind(path, size)
     if size == 0:
         raise InputError(f"{path}: empty file (0 bytes); expected {EXPECTED}")
     if claimed is None and jsonl.sniff(head, tail):
-        return jsonl
+        return _jsonl_kind(path, size)
     named = f"named like {claimed} but " if claimed else ""
     pickled = ": a Python pickle, which dqa does not load" if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05") else ""
     raise InputError(f"{path}: unknown format ({named}starts with bytes {head[:8].hex(' ')}{pickled}); expected {EXPECTED}")
+
+
+def _jsonl_kind(path: Path, size: int) -> FileFormat:
+    """Tokenized JSONL, or conversation JSONL when the first record is a conversation (see the module docstring)."""
+    from dqa.audit.format_conversations import is_conversation_file
+
+    return get("conversations") if size and is_conversation_file(path) else get("jsonl")

@@ -2,7 +2,8 @@
 
 Formats (``dqa.audit.formats``; each file is recognised by its content, not its name): a parquet
 file, an Arrow IPC file or stream (such as a Hugging Face ``datasets`` cache file, e.g.
-SpecForge's tokenized ``CACHE_DIR/KEY.pkl``), JSONL; or a folder: one written by HF datasets'
+SpecForge's tokenized ``CACHE_DIR/KEY.pkl``), JSONL, conversation JSONL (rendered with a chat
+format at read time: ``Dataset.set_chat_format``, see ``dqa.audit.format_conversations``); or a folder: one written by HF datasets'
 ``save_to_disk`` (Arrow stream files listed in ``state.json``), or a folder of shards of one
 format (see ``_detect_folder``). Columns: ``input_ids`` plus either ``loss_mask`` (0/1, any int
 or bool type) or ``labels`` (-100 for unsupervised), and an optional ``id``. A token column may
@@ -116,6 +117,20 @@ class Dataset:
         self.files = files
         self.columns = columns
         self.schema = schema
+        self.renderer = None  # conversation JSONL: a format_conversations.Renderer (set_chat_format)
+
+    def set_chat_format(self, chat_format, last_turn_only: bool = False) -> "Dataset":
+        """Give conversation JSONL the chat format it is rendered and masked with (every assistant turn
+        trained, or with ``last_turn_only`` the last); returns ``self``. Other formats ignore the format;
+        ``last_turn_only`` on them is an ``InputError`` (their mask is stored). Raises ``InputError`` for
+        a format without a chat template to render with."""
+        if self.format == "conversations":
+            from dqa.audit.format_conversations import Renderer
+
+            self.renderer = Renderer(chat_format, last_turn_only)
+        elif last_turn_only:
+            raise InputError(f"{self.path}: --last-turn-only applies to conversation JSONL; this {self.format} dataset stores its own mask")
+        return self
 
     @property
     def name(self) -> str:
@@ -155,7 +170,7 @@ class Dataset:
         Raises ``InputError`` for unreadable or truncated files and malformed JSONL lines.
         """
         for f in self.files:
-            yield from ((f, b) for b in _iter_file(f, self.format, batch_rows, columns))
+            yield from ((f, b) for b in _iter_file(f, self.format, batch_rows, columns, self.renderer))
 
     def batches(self, batch_rows: int = 4096, max_tokens: int = MAX_BATCH_TOKENS) -> Iterator[TokenBatch]:
         """Yield flattened ``TokenBatch`` objects in dataset order; validates as it goes.
@@ -235,8 +250,13 @@ def open_dataset(
     mask_column: str | None = None,
     labels_column: str | None = None,
     id_column: str | None = None,
+    chat_format=None,
+    last_turn_only: bool = False,
 ) -> Dataset:
     """Detect the format and the column convention of the dataset at ``path``.
+
+    ``chat_format`` (a ``ChatFormat``) and ``last_turn_only``: for conversation JSONL, see
+    ``Dataset.set_chat_format`` (it can also be given later, before reading).
 
     Returns a ``Dataset``. Raises ``InputError`` when the path is missing or
     empty, the format is unknown, a file is unreadable, the token or
@@ -251,7 +271,10 @@ def open_dataset(
     columns = _choose_columns(schemas[0], files[0], ids_column, mask_column, labels_column, id_column)
     for f, s in zip(files, schemas):
         _check_schema(s, columns, f, columns.convention, nested=True)
-    return Dataset(path, fmt, files, columns, schemas[0])
+    ds = Dataset(path, fmt, files, columns, schemas[0])
+    if chat_format is not None or last_turn_only:
+        ds.set_chat_format(chat_format, last_turn_only)
+    return ds
 
 
 # --- detection ---------------------------------------------------------------------------
@@ -321,6 +344,10 @@ def _detect_folder(path: Path) -> tuple[str, list[Path]]:
             if not found:
                 break
         kinds = {fmt.name for _, fmt, _ in found}
+        if family == "jsonl" and len(kinds) > 1:
+            a = next(p for p, fmt, _ in found if fmt.name == "jsonl")
+            b = next(p for p, fmt, _ in found if fmt.name == "conversations")
+            raise InputError(f"{path}: mixes tokenized JSONL ({a.name}) and conversation JSONL ({b.name}); keep one kind per folder")
         if len(kinds) > 1:
             a = next(p for p, fmt, _ in found if fmt.name == "arrow-file")
             b = next(p for p, fmt, _ in found if fmt.name == "arrow-stream")
@@ -524,8 +551,11 @@ def _short(exc: BaseException) -> str:
     return formats.short(exc)
 
 
-def _iter_file(f: Path, fmt: str, batch_rows: int, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
+def _iter_file(f: Path, fmt: str, batch_rows: int, columns: list[str] | None, renderer=None) -> Iterator[pa.RecordBatch]:
     try:
+        if fmt == "conversations":
+            yield from formats.get(fmt).batches(f, batch_rows, columns, renderer)  # type: ignore[call-arg]
+            return
         yield from formats.get(fmt).batches(f, batch_rows, columns)
     except InputError:
         raise

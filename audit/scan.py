@@ -51,6 +51,7 @@ class ScanOptions:
     skip: list[str] = field(default_factory=list)
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     batch_rows: int = 2048
+    last_turn_only: bool = False  # conversation JSONL: train only the last assistant turn (SpecForge's train_only_last_turn)
 
 
 @dataclass
@@ -93,7 +94,8 @@ def scan_fingerprint(ds: Dataset, options: ScanOptions) -> dict[str, Any]:
     Two scans with equal fingerprints give equal results, so a stored scan can be reused.
     """
     files = identity.files_fingerprint(ds.files)
-    opts = {k: v for k, v in asdict(options).items() if k != "batch_rows"}
+    # An option at its default is left out, so scans made before the option existed stay reusable.
+    opts = {k: v for k, v in asdict(options).items() if k != "batch_rows" and not (k == "last_turn_only" and not v)}
     return {"files": files, "options": json.loads(json.dumps(opts, sort_keys=True, default=str))}
 
 
@@ -283,6 +285,7 @@ def run_scan(
 
     ds = open_dataset(dataset, options.ids_column, options.mask_column, options.labels_column, options.id_column)
     spec = load_template(options.tokenizer)
+    ds.set_chat_format(spec, options.last_turn_only)  # conversation JSONL is rendered and masked with it
     tables = KernelTables.build(spec)
     out = Path(out_dir) if out_dir is not None else default_out_dir(dataset)
     atomic.check_output_dir(out, [Path(dataset)], is_scan_folder, "dqa scan folder")

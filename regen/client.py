@@ -15,13 +15,22 @@ reply's ``usage``.
 A call returns an ``Outcome``; it never raises for server behaviour. The
 ``kind`` says what the dispatcher does next (see SGLANG.md, client rules):
 ``ok``/``length`` are recorded, ``retry`` is retried with backoff, ``fail`` is
-recorded as a failure without retrying.
+recorded as a failure without retrying, ``fatal`` stops the run without recording the row:
+the request itself is wrong for this server whatever the row (SGLang 0.5.22+ rejecting an
+unknown ``sampling_params`` field: a dqa bug; a 404 for the generate route: the wrong
+``--protocol``), so every other row would fail the same way.
+
+Aborts follow SGLang (SGLANG.md, "Aborts"): a plain abort is an HTTP 200 whose
+``finish_reason`` is ``{"type": "abort", "status_code": null}`` with partial ``output_ids``
+(retried; the partial output is not kept); an abort with a status code arrives as a real HTTP
+400/500/503 and is classified like any such status.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +40,7 @@ OK = "ok"
 LENGTH = "length"
 RETRY = "retry"
 FAIL = "fail"
+FATAL = "fatal"
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 # Statuses that say the endpoint itself is in trouble (count towards taking it out).
@@ -92,10 +102,50 @@ def _short(text: Any, n: int = 300) -> str:
     return " ".join(str(text).split())[:n]
 
 
+_UNKNOWN_FIELD = re.compile(r"unknown field `([^`]+)`")
+
+
+def error_message(body: bytes) -> str:
+    """The error text of an error reply: ``{"error": "..."}`` (SGLang's schema check, a string),
+    ``{"error": {"message": ...}}``, ``{"message": ...}`` or ``{"detail": ...}``; else the body."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace")
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        if isinstance(err, str):
+            return err
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return err["message"]
+        for key in ("message", "detail"):
+            if isinstance(obj.get(key), str):
+                return obj[key]
+    return body.decode("utf-8", "replace")
+
+
+def unknown_field(status: int, body: bytes) -> str | None:
+    """The field named by a 400 "unknown field `x`" (SGLang 0.5.22+ validates ``sampling_params``
+    strictly), else None."""
+    if status != 400:
+        return None
+    m = _UNKNOWN_FIELD.search(error_message(body))
+    return m.group(1) if m else None
+
+
 def classify_status(status: int, body: bytes) -> Outcome:
-    """Map a non-200 HTTP status to an outcome (retry with backoff, or a recorded failure)."""
+    """Map a non-200 HTTP status to an outcome (retry with backoff, a recorded failure, or fatal)."""
     text = _short(body.decode("utf-8", "replace"))
     err = f"HTTP {status}: {text}" if text else f"HTTP {status}"
+    field_name = unknown_field(status, body)
+    if field_name is not None:
+        msg = _short(error_message(body), 400)
+        return Outcome(FATAL, error=(
+            f"BUG: the server rejects the request field `{field_name}` (HTTP 400: {msg}); dqa sent a field this "
+            f"SGLang version does not accept. Please report it with the server's version; no row was recorded "
+            f"for it, so rerunning the same command resumes once fixed"))
+    if status == 404:
+        return Outcome(FATAL, error=f"HTTP 404 for the generate route ({_short(error_message(body), 160)}): wrong --protocol, endpoint URL or --model?")
     if status in RETRY_STATUS:
         return Outcome(RETRY, error=err, endpoint_fault=status in ENDPOINT_FAULT_STATUS)
     if status == 400 and "duplicate request id" in text.lower():
@@ -161,10 +211,16 @@ class SglangProtocol:
         if ftype == "abort":
             msg = fr.get("message", "") if isinstance(fr, dict) else ""
             code = fr.get("status_code") if isinstance(fr, dict) else None
-            err = f"aborted by server{f' ({code})' if code else ''}: {_short(msg)}"
-            if isinstance(code, int) and 400 <= code < 500 and code not in RETRY_STATUS:
+            if not isinstance(code, int) or isinstance(code, bool):
+                # A plain abort (HTTP 200, no status code): not the row's fault; the partial
+                # output is dropped and the row is asked again.
+                partial = obj.get("output_ids")
+                n = len(partial) if isinstance(partial, list) else 0
+                return Outcome(RETRY, finish_reason="abort", error=f"aborted by the server (HTTP 200, no status code): {_short(msg) or 'Aborted'}; {n} partial tokens dropped")
+            err = f"aborted by the server ({code}): {_short(msg)}"
+            if 400 <= code < 500 and code not in RETRY_STATUS:
                 return Outcome(FAIL, finish_reason="abort", error=err)
-            return Outcome(RETRY, finish_reason="abort", error=err)
+            return Outcome(RETRY, finish_reason="abort", error=err, endpoint_fault=code in ENDPOINT_FAULT_STATUS)
         out = obj.get("output_ids")
         if out is None:
             return Outcome(FAIL, finish_reason=ftype, error="reply has no output_ids (SGLang too old? it needs a version that returns output_ids)")
@@ -228,9 +284,9 @@ class OpenAIProtocol:
         if status not in (400, 422):
             return frozenset()
         text = body.decode("utf-8", "replace").lower()
-        if "unexpected" not in text and "extra" not in text and "not permitted" not in text:
+        if not any(w in text for w in ("unexpected", "extra", "not permitted", "unknown field")):
             return frozenset()
-        return frozenset(f for f in cls.OPTIONAL if f"'{f}'" in text or f'"{f}"' in text)
+        return frozenset(f for f in cls.OPTIONAL if f"'{f}'" in text or f'"{f}"' in text or f"`{f}`" in text)
 
     def parse(self, obj: Any, job: Job) -> Outcome:
         bad = error_in_body(obj)

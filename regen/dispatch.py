@@ -5,10 +5,16 @@ healthy endpoint with the fewest requests in flight (below its cap),
 preferring another endpoint than the one a retry failed on; each attempt is a
 task. Retry rules follow SGLANG.md: backoff on 408/429/5xx/abort/connection
 errors with a fresh ``rid``; 400s and other client errors are recorded as
-failures. An endpoint with ``fail_threshold`` consecutive endpoint faults (or a
+failures; a request the server rejects whatever the row (an unknown field, no such route)
+stops the run (``fatal``) without recording the row. An endpoint with ``fail_threshold`` consecutive endpoint faults (or a
 refused connection, or two failed health checks) is taken out: its in-flight
 requests are cancelled and go back to the queue for the others, and it is
 probed back in with ``/health_generate`` (``/health`` for servers without it).
+
+What each endpoint is (``server_probe.ServerFacts``: context length, speculative reserve,
+version, whether seeds take effect) comes from the start-up preflight, or is asked once the
+endpoint first becomes healthy; ``max_new_tokens`` is capped per request so SGLang's length
+check passes, and each row's ``sampling`` records ``seed_applied``.
 
 Stopping: ``request_stop()`` (first Ctrl-C / SIGTERM) stops dispatching and
 drains in-flight work; ``request_cancel()`` (second Ctrl-C) cancels it. Rows
@@ -29,9 +35,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from dqa.regen.client import FAIL, LENGTH, OK, RETRY, Job, Outcome, call
+from dqa.regen.client import FAIL, FATAL, LENGTH, OK, RETRY, Job, Outcome, call
 from dqa.regen.journal import Result, encode
 from dqa.regen.progress import EndpointCounts, Progress
+from dqa.regen.server_probe import SeedNotice, ServerFacts, describe, discover
 from dqa.regen.urls import strip_userinfo
 
 STATUS = {OK: "ok", LENGTH: "length", FAIL: "failed"}
@@ -73,7 +80,7 @@ class Endpoint:
         self.tasks: set[asyncio.Task] = set()
         self.last_error = ""
         self.ever_healthy = False
-        self.max_len: int | None = None  # the server's context length, when it tells
+        self.facts: ServerFacts | None = None  # what the server said about itself (preflight or first health)
         self.gen_url = self.url  # the generate URL (set by the dispatcher from the protocol)
 
 
@@ -97,6 +104,7 @@ class Dispatcher:
         model: str = "",
         log: Callable[[str], None] = lambda m: None,
         check: Callable[[], str | None] = lambda: None,
+        facts: dict[str, ServerFacts | None] | None = None,
     ):
         self.protocol = protocol
         self.source = source
@@ -109,10 +117,14 @@ class Dispatcher:
         self.check = check
         self.endpoints: list[Endpoint] = []
         path = protocol.path
+        self.seed_notice = SeedNotice()
         for u in urls:
             name = strip_userinfo(u.rstrip("/"))
             ep = Endpoint(u, name, progress.endpoints.setdefault(name, EndpointCounts()))
             ep.gen_url = ep.url + path
+            known = (facts or {}).get(u)
+            if known is not None:
+                self._learn(ep, known)
             self.endpoints.append(ep)
         self.pending: list[Job] = []  # used as a stack of lists: see _next_job
         self._pending_pos = 0
@@ -126,7 +138,11 @@ class Dispatcher:
         self.fatal_exc: Exception | None = None  # the exception behind ``fatal`` when reading the dataset failed
         self.in_flight = 0
         self.all_down_since: float | None = time.monotonic()
-        self._sampling_json: dict[tuple[frozenset[str], int], str] = {}
+        self._sampling_json: dict[tuple[frozenset[str], int, bool | None], str] = {}
+        # This session's requests: how many rows the servers answered, how many failed after a request.
+        self.answered = 0
+        self.request_failures = 0
+        self.last_failure = ""
         self._rng = random.Random(0)
         self._warned_down = False
 
@@ -277,16 +293,21 @@ class Dispatcher:
         t0 = time.monotonic()
         max_new = job.max_new = self._max_new(job, ep)
         if max_new < 1:
-            msg = f"row {job.row}: prompt of {job.prompt.size} tokens leaves no room for output under {ep.name}'s context length {ep.max_len}"
+            f = ep.facts
+            reserve = f" (with its speculative reserve of {f.reserve} tokens)" if f is not None and f.reserve else ""
+            ctx = f.context_length if f is not None else None
+            msg = f"row {job.row}: prompt of {job.prompt.size} tokens leaves no room for output under {ep.name}'s context length {ctx}{reserve}"
             return Outcome(FAIL, error=msg), frozenset(), 0.0
         outcome, rejected = await call(self.session, ep.gen_url, self.protocol, job, job.attempts, None, ep.extras_off, max_new)
         return outcome, rejected, time.monotonic() - t0
 
     def _max_new(self, job: Job, ep: Endpoint | None) -> int:
-        """max_new_tokens for this request: the configured limit, capped so prompt + output fit the server's context."""
+        """max_new_tokens for this request: the configured limit, capped so that the server's length
+        check passes (context - prompt - speculative reserve, per its version; see server_sglang)."""
         n = self.protocol.sampling.max_new_tokens
-        if ep is not None and ep.max_len:
-            n = min(n, ep.max_len - int(job.prompt.size))
+        cap = ep.facts.output_cap(int(job.prompt.size)) if ep is not None and ep.facts is not None else None
+        if cap is not None:
+            n = min(n, cap)
         return n
 
     def _finish(self, job: Job, ep: Endpoint, task: asyncio.Task) -> None:
@@ -316,6 +337,12 @@ class Dispatcher:
             self._requeue_now(job)
             return
         kind = outcome.kind
+        if kind == FATAL:
+            # Wrong for this server whatever the row: stop, record nothing (a rerun resumes).
+            if not self.fatal:
+                self.fatal = f"{ep.name}: {outcome.error}"
+            self.wake.set()
+            return
         if kind == OK or kind == LENGTH:
             ep.fails = 0
             self._record(job, ep, outcome, latency)
@@ -347,15 +374,19 @@ class Dispatcher:
 
     # -- recording --------------------------------------------------------------------------
     def _sampling_for(self, ep: Endpoint | None, job: Job) -> str:
-        """The sampling parameters as sent (JSON), cached per (dropped fields, max_new_tokens)."""
+        """The sampling parameters as sent (JSON) and ``seed_applied`` (whether the server applies
+        the seed: false for SGLang without --enable-deterministic-inference, null when not known),
+        cached per (dropped fields, max_new_tokens, seed_applied)."""
         off = ep.extras_off if ep is not None else frozenset()
-        key = (off, job.max_new)
+        applied = ep.facts.seed_applied if ep is not None and ep.facts is not None else None
+        key = (off, job.max_new, applied)
         s = self._sampling_json.get(key)
         if s is None:
-            d = self.protocol.sampling.as_dict()
+            d: dict = self.protocol.sampling.as_dict()
             d["max_new_tokens"] = job.max_new or self.protocol.sampling.max_new_tokens
             if "top_k" in off:
                 d.pop("top_k")
+            d["seed_applied"] = applied
             s = self._sampling_json[key] = json.dumps(d)
         return s
 
@@ -369,6 +400,7 @@ class Dispatcher:
         )
         self.sink(encode(r))
         self.progress.record(status, n)
+        self.answered += 1
         ep.counts.done += 1
         ep.counts.output_tokens += n
 
@@ -381,6 +413,8 @@ class Dispatcher:
         self.progress.record("failed", 0)
         if ep is not None:
             ep.counts.failed += 1
+            self.request_failures += 1
+            self.last_failure = strip_userinfo(error)
 
     # -- health -----------------------------------------------------------------------------
     def _take_out(self, ep: Endpoint, why: str) -> None:
@@ -478,24 +512,21 @@ class Dispatcher:
             return status == 200, f"{ep.health_path} HTTP {status}"
         return False, "no health endpoint"
 
+    def _learn(self, ep: Endpoint, facts: ServerFacts) -> None:
+        """Keep what ``ep`` said about itself; the model name when none was given; say once when
+        its seeds do not reproduce outputs."""
+        ep.facts = facts
+        if facts.model and not self.protocol.model:
+            self.protocol.model = facts.model
+        self.seed_notice.check(ep.name, facts, self.log)
+
     async def _discover_model(self, ep: Endpoint) -> None:
-        """Learn the served model name (when not given) and the context length of the endpoint."""
-        for path in ("/v1/models", "/model_info", "/get_model_info"):
-            try:
-                async with self.session.get(ep.url + path, timeout=self._health_timeout) as r:
-                    if r.status != 200:
-                        continue
-                    obj = json.loads(await r.read())
-            except Exception:
-                continue
-            info = obj["data"][0] if isinstance(obj, dict) and isinstance(obj.get("data"), list) and obj["data"] else obj
-            if not isinstance(info, dict):
-                continue
-            name = info.get("id") or info.get("served_model_name") or info.get("model_path")
-            if name and not self.protocol.model:
-                self.protocol.model = str(name)
-            n = info.get("max_model_len") or info.get("context_length")
-            if isinstance(n, int) and n > 0:
-                ep.max_len = n
-            if name:
-                return
+        """Learn what the endpoint is (model name, context length, speculative reserve, seeds) when
+        the start-up preflight could not (it was not up yet)."""
+        if ep.facts is not None and ep.facts.complete:
+            return
+        facts = await discover(self.session, ep.url, self._health_timeout)
+        if facts.complete or ep.facts is None:
+            self._learn(ep, facts)
+            if facts.complete:
+                self.log(describe(ep.name, facts))

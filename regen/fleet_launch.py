@@ -3,7 +3,10 @@
 ``build_commands`` turns a ``LaunchSpec`` into one ``ServerCommand`` per GPU: an argument list
 (never a shell string; user text such as a model path with spaces passes through intact), the
 environment it adds (``CUDA_VISIBLE_DEVICES=i``), its port and its log file. SGLang flags follow
-SGLANG.md; ``--engine transformers`` runs ``transformers serve`` (the CPU stand-in).
+SGLANG.md, per SGLang release where they differ (``LaunchSpec.sglang_version``; the Mamba cache
+strategy flag: see ``server_sglang.mamba_extra_buffer_flags``), and ``installed_sglang_version``
+asks the servers' Python which release it has; ``--engine transformers`` runs ``transformers
+serve`` (the CPU stand-in).
 ``stage_model`` copies the model folder to a RAM disk once. ``start_servers`` +
 ``wait_healthy`` bring the fleet up; ``stop_endpoint`` stops exactly a recorded process after
 checking it still is the one dqa started. The whole of `dqa fleet up` (checks, staging, start,
@@ -33,6 +36,8 @@ from dqa.errors import InputError, RuntimeFailure, UsageError
 
 from .fleet_file import ENGINES, Endpoint, redact
 from .http_probe import answers_ok
+from .server_sglang import MAMBA_STRATEGY_FLAGS, mamba_extra_buffer_flags, parse_version
+
 HEALTH_PATH = {"sglang": "/health_generate", "transformers": "/health"}
 PROTOCOL = {"sglang": "sglang", "transformers": "openai"}
 STAGE_MARKER = ".dqa-stage.json"
@@ -44,7 +49,8 @@ MTP_FLAGS = [
     "--speculative-eagle-topk", "1",
     "--speculative-num-draft-tokens", "4",
 ]  # fmt: skip
-MAMBA_EXTRA_BUFFER_FLAGS = ["--mamba-scheduler-strategy", "extra_buffer"]
+MAMBA_EXTRA_BUFFER_FLAGS = ["--mamba-scheduler-strategy", "extra_buffer"]  # SGLang <= 0.5.13 (see mamba_extra_buffer_flags)
+DETERMINISTIC_FLAG = "--enable-deterministic-inference"  # per-row seeds reproduce outputs (slower sampling)
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 # A POSIX shell variable name: anything else in `KEY=value` would be run by the dry-run script.
 ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -71,6 +77,8 @@ class LaunchSpec:
     env: dict[str, str] = field(default_factory=dict)
     log_dir: Path = Path("fleet-logs")
     hybrid: bool | None = None  # hybrid Mamba model; None: read the model's config.json
+    sglang_version: str | None = None  # the servers' SGLang release; None: the newest known (server_sglang.NEWEST_KNOWN)
+    deterministic: bool = False  # --enable-deterministic-inference
 
 
 @dataclass
@@ -211,27 +219,55 @@ def server_argv(spec: LaunchSpec, port: int) -> list[str]:
         argv += ["--reasoning-parser", spec.reasoning_parser]
     if spec.enable_metrics:
         argv += ["--enable-metrics"]
+    if spec.deterministic:
+        argv += [DETERMINISTIC_FLAG]
     if spec.mtp:
         argv += MTP_FLAGS
-        extra_buffer = spec.mamba_extra_buffer == "on" or (
-            spec.mamba_extra_buffer == "auto"
-            and (spec.hybrid if spec.hybrid is not None else is_hybrid_mamba(spec.model))
-        )
-        if extra_buffer and "--mamba-scheduler-strategy" not in spec.extra:
-            argv += MAMBA_EXTRA_BUFFER_FLAGS
+        given = any(a.split("=", 1)[0] in MAMBA_STRATEGY_FLAGS for a in spec.extra)
+        if wants_extra_buffer(spec) and not given:
+            argv += mamba_extra_buffer_flags(parse_version(spec.sglang_version))
     return argv + list(spec.extra)
+
+
+def wants_extra_buffer(spec: LaunchSpec) -> bool:
+    """Whether the servers need the ``extra_buffer`` Mamba cache strategy: ``--mtp`` with
+    ``--mamba-extra-buffer on``, or ``auto`` and a hybrid Mamba model."""
+    if spec.engine != "sglang" or not spec.mtp:
+        return False
+    return spec.mamba_extra_buffer == "on" or (
+        spec.mamba_extra_buffer == "auto" and (spec.hybrid if spec.hybrid is not None else is_hybrid_mamba(spec.model))
+    )
+
+
+VERSION_QUERY = 'import importlib.metadata as m; print(m.version("sglang"))'
+
+
+def installed_sglang_version(python: str, timeout: float = 60.0) -> str | None:
+    """The sglang release installed for ``python`` (its package metadata; sglang itself is not
+    imported, which would take seconds and need a GPU build); None when it cannot be asked (no
+    such Python, no sglang there, no answer in ``timeout`` seconds)."""
+    try:
+        r = subprocess.run([python, "-c", VERSION_QUERY], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    text = r.stdout.strip()
+    if r.returncode != 0 or parse_version(text) is None:
+        return None
+    return text.splitlines()[-1].strip()
 
 
 def build_commands(spec: LaunchSpec) -> list[ServerCommand]:
     """One command per GPU: GPU ``gpus[k]`` gets port ``port_base + k`` and log ``gpu<id>.log``.
 
-    Raises ``UsageError`` for an unknown engine, a bad mamba mode, a port past 65535 or an
-    environment key that is not a variable name.
+    Raises ``UsageError`` for an unknown engine, a bad mamba mode, an SGLang version that is not
+    a release number, a port past 65535 or an environment key that is not a variable name.
     """
     for key in spec.env:
         check_env_key(key)
     if spec.mamba_extra_buffer not in ("auto", "on", "off"):
         raise UsageError(f"--mamba-extra-buffer {spec.mamba_extra_buffer!r}: expected auto, on or off")
+    if spec.sglang_version is not None and parse_version(spec.sglang_version) is None:
+        raise UsageError(f"--sglang-version {spec.sglang_version!r}: expected a release number such as 0.5.11")
     if spec.port_base < 1 or spec.port_base + len(spec.gpus) - 1 > 65535:
         raise UsageError(f"--port-base {spec.port_base}: ports {spec.port_base}..{spec.port_base + len(spec.gpus) - 1} must lie in 1..65535")
     host = advertised_host(spec.host, spec.advertise_host)

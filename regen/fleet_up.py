@@ -8,7 +8,9 @@
 ``prepare_launch`` checks the options, works out the model path each server loads (the staged
 copy with ``stage``) and builds one command per GPU; nothing is started or written. With
 ``dry_run=True`` a model folder that is not on this machine is allowed: the script is made
-anyway and ``notes`` say which model-dependent choices were made without it. ``launch_fleet``
+anyway and ``notes`` say which model-dependent choices were made without it. Flags that differ
+between SGLang releases follow ``sglang_version``, else the release the servers' Python has
+(asked only when it changes the command), else the newest known (a note says so). ``launch_fleet``
 stages the model, starts the servers, writes the fleet file and waits until every server
 generates; ``LaunchEvents`` is how a caller shows progress (the CLI: bars, log tails).
 The building blocks (argument lists, staging, health, stopping) are in ``fleet_launch``.
@@ -30,6 +32,7 @@ from dqa.errors import InputError, RuntimeFailure, UsageError
 
 from . import fleet_file as ff
 from . import fleet_launch as fl
+from .server_sglang import NEWEST_KNOWN, mamba_extra_buffer_flags, parse_version
 
 Progress = Callable[[int, int], None]
 
@@ -42,7 +45,8 @@ class FleetSpec:
     dict; ``context_length``/``max_running_requests`` 0 mean the server's own default;
     ``reasoning_parser`` ``"none"`` leaves it off; ``python`` ``None`` is the running Python;
     ``log_dir`` ``None`` is ``fleet-logs/`` next to the fleet file; ``extra`` goes to every
-    server unchanged.
+    server unchanged. ``sglang_version`` ``None``: asked from ``python`` where a flag depends on
+    it; ``deterministic`` adds ``--enable-deterministic-inference``.
     """
 
     model: str
@@ -51,6 +55,8 @@ class FleetSpec:
     stage: Path | None = None
     mtp: bool = False
     mamba_extra_buffer: str = "auto"
+    sglang_version: str | None = None
+    deterministic: bool = False
     port_base: int = 30000
     host: str = "127.0.0.1"
     advertise_host: str | None = None
@@ -71,8 +77,9 @@ class FleetSpec:
 @dataclass
 class PreparedLaunch:
     """A checked ``FleetSpec``: the launch spec, one command per GPU, the staging copy
-    ``(source folder, copy)`` if any, and ``notes`` (model-dependent choices made without the
-    model: only with ``dry_run`` and a model folder that is not here)."""
+    ``(source folder, copy)`` if any, and ``notes``: model-dependent choices made without the
+    model (only with ``dry_run`` and a model folder that is not here), and the SGLang release
+    assumed when a flag depends on it and the servers' Python could not say."""
 
     spec: FleetSpec
     launch: fl.LaunchSpec
@@ -143,7 +150,7 @@ def _missing_model_notes(spec: FleetSpec, model: str) -> list[str]:
     if spec.engine == "sglang" and spec.mtp and spec.mamba_extra_buffer == "auto":
         notes.append(
             "hybrid-Mamba detection (--mtp with --mamba-extra-buffer auto) needs its config.json: "
-            "assumed not hybrid, so no --mamba-scheduler-strategy extra_buffer (pass --mamba-extra-buffer on for a hybrid model)"
+            "assumed not hybrid, so no extra_buffer Mamba cache strategy (pass --mamba-extra-buffer on for a hybrid model)"
         )
     if spec.stage is not None:
         notes.append(
@@ -156,7 +163,8 @@ def prepare_launch(spec: FleetSpec, dry_run: bool = False) -> PreparedLaunch:
     """Check ``spec`` and build the server commands; starts and writes nothing.
 
     Raises ``UsageError`` for an unknown engine, a malformed GPU list or ``--env`` item, ``mtp``
-    with an engine other than sglang, a bad mamba mode or port range, and ``stage`` with a
+    or ``deterministic`` with an engine other than sglang, an ``sglang_version`` that is not a
+    release number, a bad mamba mode or port range, and ``stage`` with a
     model folder that does not exist (allowed with ``dry_run``: then ``notes`` say what was
     decided without it).
     """
@@ -198,6 +206,8 @@ def prepare_launch(spec: FleetSpec, dry_run: bool = False) -> PreparedLaunch:
         enable_metrics=spec.metrics,
         mtp=spec.mtp,
         mamba_extra_buffer=spec.mamba_extra_buffer,
+        sglang_version=spec.sglang_version,
+        deterministic=spec.deterministic,
         python=spec.python or sys.executable,
         extra=list(spec.extra or []),
         env=env_map,
@@ -208,8 +218,22 @@ def prepare_launch(spec: FleetSpec, dry_run: bool = False) -> PreparedLaunch:
     )
     if spec.mtp and spec.engine != "sglang":
         raise UsageError("--mtp is an SGLang option; drop it with --engine transformers")
-    commands = fl.build_commands(launch)
+    if spec.deterministic and spec.engine != "sglang":
+        raise UsageError("--deterministic is an SGLang option; drop it with --engine transformers")
     notes = _missing_model_notes(spec, str(model_path)) if missing else []
+    if launch.sglang_version is None and fl.wants_extra_buffer(launch):
+        # The Mamba cache strategy flag differs between releases: ask the servers' Python.
+        found = fl.installed_sglang_version(launch.python)
+        if found is not None:
+            launch.sglang_version = found
+        else:
+            flags = " ".join(mamba_extra_buffer_flags(parse_version(NEWEST_KNOWN))) or "no Mamba cache strategy flag"
+            notes.append(
+                f"the SGLang release of {launch.python} could not be asked; assumed {NEWEST_KNOWN} (the newest known), "
+                f"so {flags} (pass --sglang-version for another release: <=0.5.13 takes --mamba-scheduler-strategy extra_buffer, "
+                "0.5.14-0.5.19 --mamba-radix-cache-strategy extra_buffer)"
+            )
+    commands = fl.build_commands(launch)
     return PreparedLaunch(spec=spec, launch=launch, commands=commands, stage=stage_pair, notes=notes)
 
 

@@ -5,9 +5,11 @@ that dqa regen did not make, or one that cannot be written, is refused at
 once), open the dataset, select rows, open the template, lock and check the
 output folder (refuse one made for another dataset, selection or sampling),
 and only then load the chat-template tokenizer (``--protocol openai``: slow)
-and contact the servers; recover the folder after any crash, dispatch the
-rows not yet recorded, journaling each finished row, and finally compact the
-journal into shards and write ``progress.json``.
+and contact the servers; recover the folder after any crash; when rows are
+left, probe every endpoint (``server_probe.preflight``: reachable, the right
+protocol, context length, speculative reserve, whether seeds take effect);
+dispatch the rows not yet recorded, journaling each finished row, and finally
+compact the journal into shards and write ``progress.json``.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ class RegenConfig:
     health_interval: float = 15.0
     health_timeout: float = 30.0
     down_deadline: float = 600.0
+    preflight_window: float = 6.0  # seconds of connect tries at start-up before an endpoint counts as unreachable
     backoff_base: float = 0.5
     backoff_max: float = 30.0
     fail_threshold: int = 3
@@ -103,8 +106,9 @@ class RegenConfig:
 
 @dataclass
 class RunResult:
-    """How a run ended: ``exit_code`` 0 (all selected rows recorded) or 3 (interrupted / fleet down).
-    ``out`` and ``message`` carry no URL credentials."""
+    """How a run ended: ``exit_code`` 0 (all selected rows recorded) or 3 (interrupted, fleet down,
+    a request every server rejects, or every request of this run failed). ``out`` and ``message``
+    carry no URL credentials."""
 
     exit_code: int
     state: str
@@ -263,6 +267,27 @@ def _keep_endpoint_counts(progress: Progress, prior: dict[str, Any]) -> None:
                 )
 
 
+def _servers_info(urls: list[str], facts: dict[str, Any]) -> dict[str, Any]:
+    """run.json's ``servers`` (per endpoint without credentials: what it said about itself, null when
+    it was never reached) and ``seed_applied`` (true when every known server applies the per-row
+    seeds, false when one does not, null when no server said)."""
+    servers = {strip_userinfo(u): (facts[u].to_json() if facts.get(u) is not None else None) for u in urls}
+    applied = [f.seed_applied for f in facts.values() if f is not None and f.seed_applied is not None]
+    return {"servers": servers, "seed_applied": (all(applied) if applied else None)}
+
+
+def _prior_servers_info(run_json: Path, urls: list[str]) -> dict[str, Any]:
+    """``servers`` and ``seed_applied`` as an earlier session of this folder recorded them (for a
+    rerun that sends nothing); nulls when there is none."""
+    try:
+        old = json.loads(run_json.read_text())
+    except (OSError, ValueError):
+        old = {}
+    if isinstance(old, dict) and isinstance(old.get("servers"), dict):
+        return {"servers": old["servers"], "seed_applied": old.get("seed_applied")}
+    return {"servers": {strip_userinfo(u): None for u in urls}, "seed_applied": None}
+
+
 def _default_log(msg: str) -> None:
     print(f"dqa regen: {msg}", file=sys.stderr, flush=True)
 
@@ -292,10 +317,13 @@ def regenerate(config: RegenConfig) -> RunResult:
 def _regenerate(config: RegenConfig) -> RunResult:
     """Run (or resume) a regeneration and return how it ended.
 
-    Raises ``InputError``/``UsageError`` (exit 2) for bad options, inputs, or an
-    output folder made for another run; ``RuntimeFailure`` (exit 3) when shards
-    cannot be copied to ``--out``/``--mirror`` URLs. An interrupted run or a
-    fleet down past the deadline is not raised: ``RunResult.exit_code`` is 3.
+    Raises ``InputError``/``UsageError`` (exit 2) for bad options, inputs, an
+    output folder made for another run, or an endpoint that does not speak the
+    protocol; ``RuntimeFailure`` (exit 3) when no endpoint answers at start-up or
+    shards cannot be copied to ``--out``/``--mirror`` URLs. An interrupted run, a
+    fleet down past the deadline, a request the servers reject whatever the row
+    (a dqa bug) and a run whose every request failed are not raised:
+    ``RunResult.exit_code`` is 3.
     """
     c = config
     log = _redacting(c.log or _default_log)
@@ -388,6 +416,23 @@ def _regenerate(config: RegenConfig) -> RunResult:
                 + (f", discarded a torn tail of {rec.torn_bytes} bytes" if rec.torn_bytes else "")
                 + (f", dropped {rec.dropped_duplicates} duplicate records" if rec.dropped_duplicates else "")
             )
+        done_mask = np.isin(rows, rec.rows)
+        todo = rows[~done_mask]
+        facts: dict[str, Any] = {}
+        servers_info = _prior_servers_info(out / "run.json", urls)  # a rerun with nothing to do keeps them
+        if todo.size:
+            # Before the first request: which endpoints answer, what they are (exit 2 for the wrong
+            # protocol, 3 when none answers at all).
+            from dqa.regen.server_probe import describe, preflight
+
+            facts = preflight(urls, protocol_name, headers, connect_timeout=c.connect_timeout,
+                              info_timeout=min(c.health_timeout, 10.0), window=c.preflight_window)
+            for u, f in facts.items():
+                if f is None:
+                    log(f"{strip_userinfo(u)}: not reachable at start-up; waiting for it with the others")
+                elif f.complete:
+                    log(describe(strip_userinfo(u), f))
+            servers_info = _servers_info(urls, facts)
         uploader = Uploader(targets)
         for p in rec.rewritten:
             uploader.submit(p)
@@ -407,13 +452,13 @@ def _regenerate(config: RegenConfig) -> RunResult:
             "gpu_hour_cost": c.gpu_hour_cost,
             "tokenizer": c.tokenizer,
             "mirror": [strip_userinfo(m) for m in c.mirror],
+            # What each server said about itself, and whether the per-row seeds reproduce outputs.
+            **servers_info,
             "updated_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
         atomic.write_json(out / "run.json", run_info)
         uploader.put_now(out / "run.json", "run.json")
 
-        done_mask = np.isin(rows, rec.rows)
-        todo = rows[~done_mask]
         progress = Progress(total=int(rows.size), gpus=gpus, gpu_hour_cost=c.gpu_hour_cost)
         progress.counting = bool(todo.size)  # a rerun with nothing left to do adds no working time
         if rec.rows.size:
@@ -446,7 +491,7 @@ def _regenerate(config: RegenConfig) -> RunResult:
 
         dispatcher = Dispatcher(
             urls, protocol, source, journal.append, progress, settings,
-            headers=headers, model=model, log=log, check=journal_error,
+            headers=headers, model=model, log=log, check=journal_error, facts=facts,
         )
         live = c.live if c.live is not None else (sys.stderr.isatty() and os.environ.get("TERM") != "dumb")
         try:
@@ -467,10 +512,20 @@ def _regenerate(config: RegenConfig) -> RunResult:
         snap = progress.snapshot()
         atomic.write_json(out / "progress.json", snap)
         uploader.put_now(out / "progress.json", "progress.json")
+        if todo.size:  # what the servers said once they were up (some were not at start-up)
+            run_info.update(_servers_info(urls, {ep.url: ep.facts for ep in dispatcher.endpoints}))
+            run_info["updated_at"] = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            atomic.write_json(out / "run.json", run_info)
+            uploader.put_now(out / "run.json", "run.json")
         shards = list_shards(out)
         uploader.sync(shards)
         if uploader.errors:
             log(f"could not copy {len(uploader.errors)} files: {uploader.errors[0]}")
+    if state == "finished" and dispatcher.request_failures and not dispatcher.answered:
+        # Every request of this session failed: the fleet or the options are wrong, not the rows.
+        msg = (f"every request of this run failed ({dispatcher.request_failures} rows recorded as failed; last: "
+               f"{dispatcher.last_failure[:300]}); fix the cause and rerun with --retry-failed")
+        return RunResult(EXIT_RUNTIME, "finished", snap, strip_userinfo(c.out), strip_userinfo(msg), [str(p) for p in shards])
     if state == "finished":
         return RunResult(EXIT_OK, "finished", snap, strip_userinfo(c.out), "", [str(p) for p in shards])
     msg = dispatcher.fatal or f"interrupted with {snap['total'] - snap['done']} rows left; rerun the same command to resume"

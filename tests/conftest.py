@@ -88,3 +88,75 @@ def transformers_server(tmp_path_factory):
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+SGLANG_SCHEMA_VERSION = "0.5.23"
+
+
+@pytest.fixture(scope="session")
+def sglang_api_types():
+    """SGLang 0.5.23's request/response schema, ``sglang/api/v1/api_types.py`` (msgspec Structs:
+    ``GenerateRequest``, ``GenerateResponse``, ... with ``from_json_value``), loaded by file path:
+    no torch, no import of the sglang package (SGLANG.md).
+
+    The sglang wheel is installed with ``pip install --no-deps --target`` once per machine into
+    ``~/.cache/dqa-test/sglang-0.5.23`` (``$DQA_TEST_CACHE`` instead of ``~/.cache/dqa-test``);
+    ``msgspec`` comes from the ``test`` extra. Skipped, saying why, when msgspec is missing or the
+    package registry cannot be reached. The module's ``__file__`` is the loaded path; its folder
+    also holds the rest of the package (read as text only)."""
+    import fcntl
+    import importlib.util
+    import os
+    import shutil
+    import subprocess
+
+    try:
+        import msgspec  # noqa: F401
+    except ImportError:
+        pytest.skip("msgspec is not installed (it is in dqa's `test` extra: pip install -e '.[test]')")
+    cache = Path(os.environ.get("DQA_TEST_CACHE") or Path.home() / ".cache" / "dqa-test")
+    target = cache / f"sglang-{SGLANG_SCHEMA_VERSION}"
+    api = target / "sglang" / "api" / "v1" / "api_types.py"
+    if not api.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        with open(cache / ".lock", "a+") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # one install per machine, however many sessions
+            if not api.is_file():
+                tmp = cache / f".tmp-sglang-{os.getpid()}"
+                shutil.rmtree(tmp, ignore_errors=True)
+                cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+                       "--no-compile", "--target", str(tmp), f"sglang=={SGLANG_SCHEMA_VERSION}"]
+                try:
+                    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+                except (OSError, subprocess.TimeoutExpired) as exc:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    pytest.skip(f"could not install sglang=={SGLANG_SCHEMA_VERSION} for its schema: {exc}")
+                if r.returncode != 0 or not (tmp / "sglang" / "api" / "v1" / "api_types.py").is_file():
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    tail = " ".join((r.stderr or r.stdout).split())[-300:]
+                    pytest.skip(f"could not install sglang=={SGLANG_SCHEMA_VERSION} (registry unreachable?): {tail}")
+                shutil.rmtree(target, ignore_errors=True)
+                tmp.rename(target)
+    spec = importlib.util.spec_from_file_location("sglang_api_types_v1", api)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # msgspec resolves the Structs' annotations through the module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def _restore_signal_dispositions():
+    """Each test starts with the process's SIGINT/SIGTERM handlers as they were: an in-process
+    `dqa regen` (the ``cli`` fixture) ends by ignoring both, as the command does (its files are
+    final), and a child started later by another test would inherit SIG_IGN for SIGTERM."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, handler in saved.items():
+        if handler is not None and signal.getsignal(s) is not handler:
+            signal.signal(s, handler)

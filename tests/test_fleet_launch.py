@@ -22,8 +22,11 @@ from dqa.regen import fleet_launch as fl
 MODEL = "/dev/shm/Qwen3.6-27B"
 
 
+SEED_SGLANG = "0.5.11"  # the release the seed's fleet ran: --mamba-scheduler-strategy still exists there
+
+
 def golden_sglang_mtp(gpu: int) -> list[str]:
-    """The command the seed's operator typed for GPU ``gpu`` (SGLANG.md, "Launch")."""
+    """The command the seed's operator typed for GPU ``gpu`` on SGLang 0.5.11 (SGLANG.md, "Launch")."""
     return [
         "python3", "-m", "sglang.launch_server",
         "--model-path", MODEL,
@@ -45,7 +48,7 @@ def golden_sglang_mtp(gpu: int) -> list[str]:
 def seven_gpu_spec(**kw) -> fl.LaunchSpec:
     base = dict(
         model=MODEL, gpus=fl.parse_gpus("0-6"), mtp=True, hybrid=True, python="python3",
-        extra=["--kv-cache-dtype", "fp8_e4m3"], log_dir=Path("logs"),
+        extra=["--kv-cache-dtype", "fp8_e4m3"], log_dir=Path("logs"), sglang_version=SEED_SGLANG,
     )  # fmt: skip
     base.update(kw)
     return fl.LaunchSpec(**base)
@@ -63,7 +66,7 @@ def test_seven_gpu_sglang_mtp_fleet_matches_the_golden_argument_lists():
 
 def test_dry_run_prints_lines_that_split_back_into_the_golden_lists(cli, tmp_path):
     r = cli(
-        "fleet", "up", "--model", MODEL, "--gpus", "0-6", "--mtp", "--mamba-extra-buffer", "on",
+        "fleet", "up", "--model", MODEL, "--gpus", "0-6", "--mtp", "--mamba-extra-buffer", "on", "--sglang-version", SEED_SGLANG,
         "--python", "python3", "--log-dir", "logs", "--fleet", str(tmp_path / "fleet.json"), "--dry-run",
         "--", "--kv-cache-dtype", "fp8_e4m3",
     )  # fmt: skip
@@ -89,7 +92,7 @@ def test_mtp_adds_extra_buffer_only_for_hybrid_mamba_models(tmp_path):
     assert fl.is_hybrid_mamba(str(hybrid)) and not fl.is_hybrid_mamba(str(dense))
 
     def argv(model, **kw):
-        spec = fl.LaunchSpec(model=str(model), gpus=["0"], python="python3", **kw)
+        spec = fl.LaunchSpec(model=str(model), gpus=["0"], python="python3", **{"sglang_version": SEED_SGLANG, **kw})
         return fl.build_commands(spec)[0].argv
 
     assert argv(hybrid, mtp=True)[-2:] == ["--mamba-scheduler-strategy", "extra_buffer"]
@@ -97,6 +100,14 @@ def test_mtp_adds_extra_buffer_only_for_hybrid_mamba_models(tmp_path):
     assert "--mamba-scheduler-strategy" not in argv(hybrid, mtp=True, mamba_extra_buffer="off")
     assert "--speculative-algorithm" not in argv(hybrid)
     assert argv(dense, mtp=True, mamba_extra_buffer="on")[-1] == "extra_buffer"
+    # The flag follows the SGLang release (SGLANG.md): renamed in 0.5.14, gone from 0.5.20 (its
+    # default `auto` picks extra_buffer); without a version, the newest known release.
+    assert argv(hybrid, mtp=True, sglang_version="0.5.13")[-2:] == ["--mamba-scheduler-strategy", "extra_buffer"]
+    assert argv(hybrid, mtp=True, sglang_version="0.5.14")[-2:] == ["--mamba-radix-cache-strategy", "extra_buffer"]
+    assert argv(hybrid, mtp=True, sglang_version="0.5.17")[-2:] == ["--mamba-radix-cache-strategy", "extra_buffer"]
+    for newer in ("0.5.20", "0.5.23", None):
+        got = argv(hybrid, mtp=True, sglang_version=newer)
+        assert got[-2:] == ["--speculative-num-draft-tokens", "4"] and not any("mamba" in a for a in got)
 
 
 def test_without_mtp_the_command_is_the_plain_data_parallel_server():

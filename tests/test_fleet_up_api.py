@@ -42,7 +42,7 @@ def hybrid_model(root: Path) -> Path:
 def test_the_seven_gpu_mtp_fleet_is_planned_from_python(tmp_path):
     model = hybrid_model(tmp_path / "models")
     spec = FleetSpec(
-        model=str(model), gpus="0-6", stage=tmp_path / "shm", mtp=True, python="python3",
+        model=str(model), gpus="0-6", stage=tmp_path / "shm", mtp=True, python="python3", sglang_version="0.5.11",
         extra=("--kv-cache-dtype", "fp8_e4m3"), log_dir=Path("logs"), fleet=tmp_path / "fleet.json",
     )  # fmt: skip
     prepared = prepare_launch(spec, dry_run=True)
@@ -60,8 +60,9 @@ def test_the_seven_gpu_mtp_fleet_is_planned_from_python(tmp_path):
 
 def test_python_and_the_command_print_the_same_dry_run_script(cli, tmp_path):
     model = hybrid_model(tmp_path)
-    spec = FleetSpec(model=str(model), gpus="0,2", mtp=True, python="python3", env=("OMP_NUM_THREADS=1",), fleet=tmp_path / "f.json")
-    r = cli("fleet", "up", "--model", model, "--gpus", "0,2", "--mtp", "--python", "python3", "--env", "OMP_NUM_THREADS=1",
+    spec = FleetSpec(model=str(model), gpus="0,2", mtp=True, python="python3", env=("OMP_NUM_THREADS=1",), fleet=tmp_path / "f.json",
+                     sglang_version="0.5.11")
+    r = cli("fleet", "up", "--model", model, "--gpus", "0,2", "--mtp", "--sglang-version", "0.5.11", "--python", "python3", "--env", "OMP_NUM_THREADS=1",
             "--fleet", tmp_path / "f.json", "--dry-run")  # fmt: skip
     assert r.exit_code == 0, r.output
     assert r.stdout == prepare_launch(spec, dry_run=True).script()
@@ -84,9 +85,9 @@ def test_a_dry_run_without_the_model_folder_prints_the_script_and_says_what_it_a
 
 
 def test_only_the_choices_that_need_the_model_are_listed():
-    notes = prepare_launch(FleetSpec(model=MISSING, mtp=True, mamba_extra_buffer="on"), dry_run=True).notes
+    notes = prepare_launch(FleetSpec(model=MISSING, mtp=True, mamba_extra_buffer="on", sglang_version="0.5.11"), dry_run=True).notes
     assert len(notes) == 1 and "not found" in notes[0]  # extra_buffer forced on: no detection needed
-    argv = prepare_launch(FleetSpec(model=MISSING, mtp=True, mamba_extra_buffer="on"), dry_run=True).commands[0].argv
+    argv = prepare_launch(FleetSpec(model=MISSING, mtp=True, mamba_extra_buffer="on", sglang_version="0.5.11"), dry_run=True).commands[0].argv
     assert argv[-2:] == ["--mamba-scheduler-strategy", "extra_buffer"]
     assert prepare_launch(FleetSpec(model="Qwen/Qwen3-8B", mtp=True), dry_run=True).notes == []  # a hub id, not a folder
 

@@ -117,7 +117,9 @@ def test_a_400_is_recorded_as_failed_and_not_retried(data, tmp_path):
     with StubServer(tmp_path, "--error-share", "1.0", "--error-statuses", "400") as s:
         res, _ = _run(data, tmp_path / "out", [s.url], limit=4)
         n = s.status()["n_generate"]
-    assert res.exit_code == 0 and res.progress["failed"] == 4 and n == 4
+    assert res.progress["failed"] == 4 and n == 4
+    # Every request of the run failed: recorded, and the run says so with exit 3 (issue 11).
+    assert res.exit_code == 3 and "every request of this run failed" in res.message and "--retry-failed" in res.message
     rows = read_shards(tmp_path / "out").to_pylist()
     assert all(r["status"] == "failed" and r["attempts"] == 1 and r["error"].startswith("HTTP 400") for r in rows)
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from servers.sglang_contract import END_THINK, IM_END, NL2, THINK, WORDS, StubServer, plan_reply
+from servers.sglang_contract import END_THINK, IM_END, NL2, THINK, WORDS, StubServer, parse_args, plan_reply, unknown_field_message
 
 PROMPT = [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]  # <|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n
 
@@ -29,7 +29,9 @@ SGLANG_METRICS = [
 
 @pytest.fixture(scope="module")
 def stub(tmp_path_factory):
-    server = StubServer(tmp_path_factory.mktemp("stub"), "--enable-metrics", "--log-interval-s", "0.2").start()
+    # Deterministic inference on: these tests check replies against plan_reply(prompt, seed).
+    server = StubServer(tmp_path_factory.mktemp("stub"), "--enable-metrics", "--log-interval-s", "0.2",
+                        "--enable-deterministic-inference").start()
     yield server
     server.stop()
 
@@ -126,20 +128,26 @@ def test_duplicate_in_flight_rid_is_rejected_and_freed_after(tmp_path):
         assert c.post(s.url + "/generate", json={"input_ids": PROMPT, "rid": "dup"}).status_code == 200
 
 
-def test_health_generate_is_503_while_starting_then_200(tmp_path):
+def test_health_and_health_generate_are_503_while_starting_then_200(tmp_path):
     # A start far longer than the test's first requests take; then a short one that ends by itself.
     with StubServer(tmp_path, "--startup-delay-s", "600") as s:
         assert httpx.get(s.url + "/health_generate").status_code == 503
-        assert httpx.get(s.url + "/health").status_code == 200
+        assert httpx.get(s.url + "/health").status_code == 503  # SGLang: 503 while starting
         s.control(starting_for_s=0.5)
         wait_for(lambda: httpx.get(s.url + "/health_generate").status_code == 200, "health_generate 200 after the start")
+        assert httpx.get(s.url + "/health").status_code == 200
+        s.control(healthy=False)  # generation stuck: /health stays a cheap 200
+        assert httpx.get(s.url + "/health").status_code == 200 and httpx.get(s.url + "/health_generate").status_code == 503
 
 
 def test_info_endpoints_report_version_and_model(stub):
     for path in ("/server_info", "/get_server_info"):
-        assert httpx.get(stub.url + path).json()["version"] == "0.5.11"
+        info = httpx.get(stub.url + path).json()
+        assert info["version"] == "0.5.23" and info["context_length"] == 8192
+        assert info["enable_deterministic_inference"] is True and info["speculative_algorithm"] is None
     for path in ("/model_info", "/get_model_info"):
-        assert httpx.get(stub.url + path).json()["model_path"] == "Qwen/Qwen3-8B"
+        info = httpx.get(stub.url + path).json()
+        assert info["model_path"] == "Qwen/Qwen3-8B" and "max_model_len" not in info  # not there in SGLang
     models = httpx.get(stub.url + "/v1/models").json()["data"]
     assert models[0]["id"] == "Qwen/Qwen3-8B" and models[0]["max_model_len"] == 8192
 
@@ -202,7 +210,7 @@ def test_faults_switch_at_run_time(stub):
         assert r.status_code == 503 and r.json()["code"] == 503
         stub.control(error_share=0.0, abort_share=1.0)
         fr = generate(stub.url).json()["meta_info"]["finish_reason"]
-        assert fr["type"] == "abort" and {"message", "status_code"} <= fr.keys()
+        assert fr == {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
         stub.control(abort_share=0.0, malformed_share=1.0)
         with pytest.raises(json.JSONDecodeError):
             json.loads(generate(stub.url).text)
@@ -242,3 +250,89 @@ def test_die_after_n_requests_ends_the_process_and_restart_reuses_the_port(tmp_p
         assert s.port == port and generate(s.url).status_code == 200  # the flags come back too: die_after 2
     finally:
         s.stop()
+
+
+# ------------------------------------------------------------------ behaviour that differs by release
+
+
+def test_the_length_check_adds_the_speculative_reserve_and_0_5_4_compares_with_ge(tmp_path):
+    """Context 64, a 9-token prompt: room for 55 output tokens; NEXTN 3/1/4 reserves 4 more
+    (max(3 x 1, 4)); on 0.5.4 equal is already over."""
+    def largest_accepted(s) -> int:
+        ok = [n for n in range(45, 60) if generate(s.url, sampling_params={"max_new_tokens": n}).status_code == 200]
+        assert ok == list(range(45, ok[-1] + 1))  # accepted up to a limit, refused above it
+        refused = generate(s.url, sampling_params={"max_new_tokens": ok[-1] + 1})
+        assert refused.status_code == 400 and "context length" in refused.json()["error"]["message"]
+        return ok[-1]
+
+    spec = ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", "4")
+    with StubServer(tmp_path, "--context-length", "64", name="plain") as s:
+        assert largest_accepted(s) == 64 - len(PROMPT)
+    with StubServer(tmp_path, "--context-length", "64", *spec, name="mtp") as s:
+        assert largest_accepted(s) == 64 - len(PROMPT) - 4
+        info = httpx.get(s.url + "/server_info").json()
+        assert (info["speculative_algorithm"], info["speculative_num_steps"], info["speculative_eagle_topk"],
+                info["speculative_num_draft_tokens"]) == ("EAGLE", 3, 1, 4)
+    with StubServer(tmp_path, "--context-length", "64", "--sglang-version", "0.5.4", *spec, name="old") as s:
+        assert largest_accepted(s) == 64 - len(PROMPT) - 4 - 1
+
+
+def test_seeds_take_effect_only_with_deterministic_inference(stub, tmp_path):
+    def ids(url):
+        return generate(url, sampling_params={"max_new_tokens": 512, "sampling_seed": 5}).json()["output_ids"]
+
+    assert ids(stub.url) == ids(stub.url) == plan_reply(PROMPT, 5)
+    with StubServer(tmp_path) as s:
+        assert httpx.get(s.url + "/server_info").json()["enable_deterministic_inference"] is False
+        replies = [ids(s.url) for _ in range(3)]
+    assert len({tuple(r) for r in replies}) == 3  # the same seed, another reply each time
+
+
+def test_from_0_5_22_an_unknown_sampling_key_is_a_400_with_a_string_body(tmp_path):
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 8, "seed": 3}}
+    with StubServer(tmp_path, name="new") as s:
+        r = httpx.post(s.url + "/generate", json=body, timeout=5)
+        assert r.status_code == 400 and r.json() == {"error": unknown_field_message("seed")}
+        assert r.json()["error"].startswith("unknown field `seed`, expected one of `max_new_tokens`, ")
+        # the OpenAI route ignores unknown fields
+        chat = httpx.post(s.url + "/v1/chat/completions", timeout=5,
+                          json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "no_such_field": 1})
+        assert chat.status_code == 200
+    with StubServer(tmp_path, "--sglang-version", "0.5.21", name="old") as s:
+        assert httpx.post(s.url + "/generate", json=body, timeout=5).status_code == 200
+
+
+def test_an_abort_with_a_status_code_is_a_real_http_error(tmp_path):
+    with StubServer(tmp_path, "--abort-share", "1.0") as s:
+        body = generate(s.url, sampling_params={"max_new_tokens": 64}).json()  # plain: 200, partial output
+        assert body["meta_info"]["finish_reason"]["status_code"] is None
+        assert body["meta_info"]["completion_tokens"] == len(body["output_ids"])
+        s.control(abort_status=503)
+        r = generate(s.url)
+        assert r.status_code == 503 and r.json()["code"] == 503
+        s.control(abort_status=400)
+        r = generate(s.url)
+        assert r.status_code == 400 and isinstance(r.json()["error"]["message"], str)
+        assert s.status()["num_aborted"] == 3
+
+
+@pytest.mark.parametrize(
+    "version, flag, ok",
+    [
+        ("0.5.11", "--mamba-scheduler-strategy", True),
+        ("0.5.11", "--mamba-radix-cache-strategy", False),
+        ("0.5.14", "--mamba-scheduler-strategy", True),  # a deprecated alias
+        ("0.5.17", "--mamba-radix-cache-strategy", True),
+        ("0.5.20", "--mamba-scheduler-strategy", False),  # gone: exit 2
+        ("0.5.23", "--mamba-radix-cache-strategy", True),
+    ],
+)
+def test_launch_flags_exist_only_in_the_releases_that_have_them(version, flag, ok):
+    argv = ["--sglang-version", version, flag, "extra_buffer"]
+    if ok:
+        assert parse_args(argv).mamba_radix_cache_strategy == "extra_buffer"
+    else:
+        with pytest.raises(SystemExit) as exc:
+            parse_args(argv)
+        assert exc.value.code == 2

@@ -45,7 +45,13 @@ def up(
         False, "--mtp", help="SGLang speculative decoding with the model's MTP heads: NEXTN, 3 steps, top-k 1, 4 draft tokens."
     ),
     mamba_extra_buffer: str = typer.Option(
-        "auto", "--mamba-extra-buffer", help="With --mtp: add --mamba-scheduler-strategy extra_buffer (auto: when config.json is a hybrid Mamba model; on; off)."
+        "auto", "--mamba-extra-buffer", help="With --mtp: select the extra_buffer Mamba cache strategy, with the flag of the SGLang release (--mamba-scheduler-strategy up to 0.5.13, --mamba-radix-cache-strategy 0.5.14-0.5.19, nothing from 0.5.20: the default picks it). auto: when config.json is a hybrid Mamba model; on; off."
+    ),
+    sglang_version: Optional[str] = typer.Option(
+        None, "--sglang-version", help="SGLang release on the servers, for the flags that differ between releases (the Mamba cache strategy). Default: asked from --python when it matters; else the newest known (a note says so)."
+    ),
+    deterministic: bool = typer.Option(
+        False, "--deterministic", help="SGLang --enable-deterministic-inference: the per-row seeds then reproduce outputs (sampling is slower). Without it SGLang ignores them."
     ),
     port_base: int = typer.Option(30000, "--port-base", help="GPU k of the list listens on port-base + k."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address the servers bind (0.0.0.0 for other machines)."),
@@ -94,6 +100,8 @@ def up(
         stage=stage,
         mtp=mtp,
         mamba_extra_buffer=mamba_extra_buffer,
+        sglang_version=sglang_version,
+        deterministic=deterministic,
         port_base=port_base,
         host=host,
         advertise_host=advertise_host,

@@ -16,7 +16,7 @@ Resumable: rerun the same command after a crash, kill -9 or Ctrl-C; finished row
 
 Example:  dqa regen data/train.parquet --fleet fleet.json --out regen/ --gpu-hour-cost 6.5
 
-Exit codes: 0 every selected row recorded (ok, length or failed), 2 bad input or an --out made for another run, 3 interrupted or all endpoints down past --down-deadline.
+Exit codes: 0 every selected row recorded (ok, length or failed), 2 bad input, an --out made for another run, or an endpoint that does not speak --protocol, 3 interrupted, no endpoint answering at start-up, all endpoints down past --down-deadline, a request every server rejects (a dqa bug), or every request of the run failed.
 """
 
 
@@ -54,7 +54,7 @@ def regen(
     retry_failed: bool = typer.Option(False, "--retry-failed", help="On resume, send the rows recorded as failed again (their old records are replaced)."),
     max_attempts: int = typer.Option(6, "--max-attempts", help="Attempts per row before it is recorded as failed."),
     request_timeout: float = typer.Option(3600.0, "--request-timeout", help="Seconds to wait for one reply (long: a disconnect aborts the request on the server)."),
-    down_deadline: float = typer.Option(600.0, "--down-deadline", help="Stop (exit 3, resumable) when no endpoint has been healthy for this many seconds."),
+    down_deadline: float = typer.Option(600.0, "--down-deadline", help="Stop (exit 3, resumable) when no endpoint has been healthy for this many seconds (endpoints that never answer at all stop the run at start-up, within seconds)."),
     shard_rows: int = typer.Option(20000, "--shard-rows", help="Rows per output shard (a shard also closes every 5 minutes)."),
     json_out: bool = typer.Option(False, "--json", help="Print the final progress object as JSON on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live display, no log lines, no summary; exit code (and --json) only."),

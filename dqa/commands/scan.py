@@ -48,6 +48,7 @@ def scan(
     set_: List[str] = typer.Option([], "--set", help="Override a threshold: CHECK.PARAM=VALUE (repeatable)."),
     max_fail_share: float = typer.Option(0.0, help="Exit 1 when the failing share exceeds this (0..1)."),
     batch_rows: int = typer.Option(2048, help="Rows per streamed batch (memory is bounded by the batch)."),
+    last_turn_only: bool = typer.Option(False, "--last-turn-only", help="Conversation JSONL: train only the last assistant turn (SpecForge's train_only_last_turn; default: every assistant turn)."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout instead of the table."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table, no progress; exit code only."),
     list_checks: bool = typer.Option(False, "--list-checks", help="List the checks with their defaults and exit."),
@@ -66,13 +67,13 @@ def scan(
         _list_checks()
         raise typer.Exit(EXIT_OK)
     code = _run(dataset, tokenizer, out, ids_column, mask_column, labels_column, id_column, thinking, checks, skip,
-                config, set_, max_fail_share, batch_rows, as_json, quiet)
+                config, set_, max_fail_share, batch_rows, as_json, quiet, last_turn_only)
     raise typer.Exit(code)
 
 
 @handles_errors
 def _run(dataset, tokenizer, out, ids_column, mask_column, labels_column, id_column, thinking, checks, skip, config,
-         set_, max_fail_share, batch_rows, as_json, quiet) -> int:
+         set_, max_fail_share, batch_rows, as_json, quiet, last_turn_only=False) -> int:
     from dqa.audit import checks as checks_mod
     from dqa.audit.scan import ScanOptions, default_out_dir, run_scan
     from dqa.errors import UsageError
@@ -100,6 +101,7 @@ def _run(dataset, tokenizer, out, ids_column, mask_column, labels_column, id_col
         skip=[c.strip() for c in skip.split(",") if c.strip()] if skip else [],
         overrides=overrides,
         batch_rows=batch_rows,
+        last_turn_only=last_turn_only,
     )
     out_dir = out or default_out_dir(dataset)
     _check_before_tokenizer(dataset, out_dir)

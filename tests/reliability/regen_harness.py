@@ -25,8 +25,10 @@ SECRET = "sk-dqa-reliability-3f9c2e"  # the API key the fleet demands; must neve
 SECRET_ENV = "DQA_TEST_FLEET_KEY"
 
 # Fast stubs: ~40 output tokens, 50 ms per request, a stuck /health_generate answers 503 in 0.3 s.
+# Deterministic inference on, as `dqa fleet up --deterministic` runs SGLang: only then are the
+# per-row seeds applied, so every reply can be checked against plan_reply(prompt, seed).
 STUB_ARGS = ("--latency-s", "0.05", "--think-min", "8", "--think-max", "30", "--answer-min", "2", "--answer-max", "6",
-             "--health-timeout-s", "0.3", "--log-interval-s", "0.5", "--api-key", SECRET)
+             "--health-timeout-s", "0.3", "--log-interval-s", "0.5", "--api-key", SECRET, "--enable-deterministic-inference")
 MAX_NEW_TOKENS = 40  # below the longest planned reply (50 tokens): some rows finish by length
 
 

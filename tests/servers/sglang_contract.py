@@ -25,15 +25,35 @@ project's notes in shared/SGLANG.md):
 - A bad request is HTTP 400 with ``{"error": {"message": ...}}``; a rid already in flight is
   400 "Duplicate request ID detected: <rid>". An HTTPException (503 and friends) is
   ``{"object": "error", "message": ..., "type": "<code>", "code": <code>}``.
+- From 0.5.22 ``/generate`` checks its body against ``sglang/api/v1/api_types.py``
+  (``GenerateRequest``): an unknown ``sampling_params`` key is a 400 whose body is a *string*,
+  ``{"error": "unknown field `x`, expected one of `max_new_tokens`, ..."}`` (serde's text).
+  Older releases ignore unknown keys. Unknown fields of the OpenAI route are ignored.
+- The length check (``TokenizerManager._validate_one_request``): with speculative decoding
+  (``--speculative-algorithm`` EAGLE/NEXTN..., all three numbers set) the prompt counts
+  ``max(num_steps x eagle_topk, num_draft_tokens)`` more tokens; prompt >= context is "The input
+  (N tokens) is longer than the model's context length"; prompt + ``max_new_tokens`` > context
+  (``>=`` on 0.5.4 and older: equal is already over) is "Requested token count exceeds ...".
+- ``sampling_seed`` (``seed`` on the OpenAI route) takes effect only with
+  ``--enable-deterministic-inference``; without it the same seed gives another reply each time.
+- Aborts: a plain abort is an HTTP 200 with ``finish_reason {"type": "abort", "message":
+  "Aborted", "status_code": null, "err_type": null}`` and partial ``output_ids``; an abort that
+  carries a status code is a real HTTP 400 (``{"error": {"message": ...}}``) or 500/503 (the
+  HTTPException shape). Plain SGLang never answers 429 on ``/generate``.
 - A streamed reply is ``text/event-stream`` of ``data: {json}\\n\\n`` chunks ending with
   ``data: [DONE]``; an error inside a stream is a ``data: {"error": {"message": ...}}`` chunk
   inside the HTTP 200.
 - A client disconnect aborts the request on the server (the rid is freed, the abort counted).
 - ``GET /health_generate`` is 503 while the server is starting (and when it is stuck), 200
-  with an empty body once it generates; ``GET /health`` is a cheap 200.
+  with an empty body once it generates; ``GET /health`` is 503 while starting, then a cheap 200
+  (even when generation is stuck).
 - ``GET /server_info`` (older ``/get_server_info``) carries ``"version"`` next to the server
-  arguments; ``GET /model_info`` (older ``/get_model_info``) and ``GET /v1/models`` name the
-  model path, served name and ``max_model_len``.
+  arguments (``context_length``, ``speculative_*``, ``enable_deterministic_inference``, ...);
+  ``GET /model_info`` (older ``/get_model_info``) names the model path and served name;
+  ``max_model_len`` is in ``GET /v1/models`` (``data[0]``) only.
+- Launch flags per release (``--sglang-version``): ``--mamba-scheduler-strategy`` up to 0.5.17
+  (from 0.5.14 a deprecated alias of ``--mamba-radix-cache-strategy``), an unrecognized argument
+  (exit 2) from 0.5.20.
 - ``GET /metrics`` is Prometheus text, only with ``--enable-metrics``, with the ``sglang:*``
   names from SGLANG.md; counters move with the requests served; gauges are refreshed once per
   log interval, like SGLang's ``--decode-log-interval``.
@@ -56,7 +76,8 @@ Faults (flags at start, ``POST /_control`` with a JSON object at run time)
 -------------------------------------------------------------------------
 ``error_share`` (answer with a status from ``error_statuses``, default 500/503/429),
 ``error_window`` [first, last) by generate-request ordinal, ``error_for_s`` (errors for the
-next S seconds), ``abort_share`` (200 with an abort finish_reason), ``stall_share`` (accept,
+next S seconds), ``abort_share`` (an abort: a 200 with an abort finish_reason and partial
+output, or with ``abort_status`` a real HTTP 400/500/503), ``stall_share`` (accept,
 never answer), ``drop_share`` (close the connection without a reply), ``malformed_share``
 (200 with cut-off JSON), ``error_chunk_share`` (an error inside a 200: a ``data: {error}``
 chunk in a stream, an ``{"error": ...}`` body otherwise), ``latency_s`` + ``latency_jitter_s``
@@ -65,6 +86,9 @@ requests wait), ``healthy`` false (health 503), ``die_after`` N (the process exi
 N+1-th generate request arrives). ``GET /_control`` returns the faults and counters,
 ``GET /_requests`` the last requests seen (rid, outcome), ``POST /_control {"exit": true}``
 ends the process at once.
+
+The SGLang release it stands for is ``--sglang-version`` (default 0.5.23, the newest SGLANG.md
+describes); the behaviours above that differ between releases follow it.
 
 Run: ``python tests/servers/sglang_contract.py --port 30000 --enable-metrics`` (or
 ``python -m tests.servers.sglang_contract`` from the repository root). It prints
@@ -128,10 +152,40 @@ SPECIAL_IDS = frozenset({IM_START, IM_END, ENDOFTEXT})
 READY_PREFIX = "SGLANG_CONTRACT_READY "
 HIST_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
 FAULT_KEYS = (
-    "error_share", "error_statuses", "error_window", "abort_share", "stall_share", "drop_share",
+    "error_share", "error_statuses", "error_window", "abort_share", "abort_status", "stall_share", "drop_share",
     "malformed_share", "error_chunk_share", "latency_s", "latency_jitter_s", "per_token_s",
     "die_after", "healthy",
 )
+# sglang/api/v1/api_types.py (0.5.23): the keys SamplingParams accepts, in its order (serde lists them so).
+SAMPLING_FIELDS = (
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema", "regex",
+    "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+    "stream_interval", "logit_bias", "sampling_seed", "custom_params", "beam_width", "watermark", "choice",
+)
+DEFAULT_VERSION = "0.5.23"
+RESERVING_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "FROZEN_KV_MTP")
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """``"0.5.4.post1"`` -> ``(0, 5, 4)``."""
+    import re
+
+    m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    if not m:
+        raise ValueError(f"not an SGLang version: {text!r}")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+
+
+def unknown_field_message(key: str, fields: tuple[str, ...] = SAMPLING_FIELDS) -> str:
+    """serde's ``unknown_field`` text, as api_types.py's ``_unknown_field`` builds it."""
+    if not fields:
+        return f"unknown field `{key}`, there are no fields"
+    if len(fields) == 1:
+        return f"unknown field `{key}`, expected `{fields[0]}`"
+    if len(fields) == 2:
+        return f"unknown field `{key}`, expected `{fields[0]}` or `{fields[1]}`"
+    return f"unknown field `{key}`, expected one of " + ", ".join(f"`{f}`" for f in fields)
 
 
 # ---------------------------------------------------------------------------- the reply
@@ -184,6 +238,7 @@ class Faults:
     error_statuses: list[int] = field(default_factory=lambda: [500, 503, 429])
     error_window: list[int] | None = None
     abort_share: float = 0.0
+    abort_status: int | None = None  # None: a plain abort (HTTP 200); else the HTTP status it becomes
     stall_share: float = 0.0
     drop_share: float = 0.0
     malformed_share: float = 0.0
@@ -235,13 +290,16 @@ class State:
         self.args = args
         self.faults = Faults(
             error_share=args.error_share, error_statuses=args.error_statuses,
-            error_window=args.error_window, abort_share=args.abort_share,
+            error_window=args.error_window, abort_share=args.abort_share, abort_status=args.abort_status,
             stall_share=args.stall_share, drop_share=args.drop_share,
             malformed_share=args.malformed_share, error_chunk_share=args.error_chunk_share,
             latency_s=args.latency_s, latency_jitter_s=args.latency_jitter_s,
             per_token_s=args.per_token_s, die_after=args.die_after,
         )
         self.rng = random.Random(args.fault_seed)
+        self.version = parse_version(args.sglang_version)
+        # Seeds that are not applied: each request samples differently (SystemRandom: never reproducible).
+        self.unseeded = random.SystemRandom()
         self.started_at = time.time()
         self.ready_at = time.monotonic() + args.startup_delay_s
         self.error_until = 0.0
@@ -273,6 +331,20 @@ class State:
     @property
     def starting(self) -> bool:
         return time.monotonic() < self.ready_at
+
+    @property
+    def speculative_reserve(self) -> int:
+        """Tokens the length check adds to the prompt (SGLang's compute_num_reserved_tokens)."""
+        a = self.args
+        if not a.speculative_algorithm or a.speculative_algorithm.upper() not in RESERVING_ALGORITHMS:
+            return 0
+        return max((a.speculative_num_steps or 0) * (a.speculative_eagle_topk or 1), a.speculative_num_draft_tokens or 0)
+
+    def effective_seed(self, seed: Any) -> Any:
+        """The seed the reply is drawn with: the request's only with --enable-deterministic-inference."""
+        if self.args.enable_deterministic_inference:
+            return seed
+        return self.unseeded.getrandbits(62)
 
     def record(self, rid: str | None, outcome: str, n_input: int = 0) -> None:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
@@ -362,8 +434,18 @@ async def _apply_fault(st: State, request, fault: str | None, rid: str | None, s
     """Carry out a fault chosen for this request; returns only when none applies."""
     from aiohttp import web
 
-    if fault is None or fault == "abort":
+    if fault is None:
         return
+    if fault == "abort":
+        status = st.faults.abort_status
+        if status is None:
+            return  # a plain abort: answered in the handler (200, partial output)
+        st.num_aborted += 1
+        st.record(rid, f"abort_{status}")
+        if status == 400:
+            raise _Stop(_bad_request("Abort request: the request was aborted (status 400)"))
+        msg = {503: "The request was aborted: the waiting queue is full", 500: "Internal server error: the request was aborted"}.get(status, "aborted")
+        raise _Stop(_http_error(status, msg))
     if fault == "error":
         status = st.rng.choice(st.faults.error_statuses)
         st.record(rid, f"http_{status}")
@@ -416,20 +498,38 @@ def _validate(st: State, ids: list, sp: dict) -> str | None:
     if not isinstance(top_k, int) or (top_k < 1 and top_k != -1):
         return f"top_k must be -1 (disable), or at least 1, got {top_k}."
     ctx = st.args.context_length
-    if len(ids) >= ctx:
-        return f"The input ({len(ids)} tokens) is longer than the model's context length ({ctx} tokens)."
-    if mnt is not None and len(ids) + mnt > ctx:
+    n_input = len(ids) + st.speculative_reserve  # speculative decoding keeps output slots for drafts
+    if n_input >= ctx:
+        return f"The input ({n_input} tokens) is longer than the model's context length ({ctx} tokens)."
+    if mnt is not None and (n_input + mnt >= ctx if st.version <= (0, 5, 4) else n_input + mnt > ctx):  # 0.5.4: >=
         return (f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
-                f"You requested a total of {len(ids) + mnt} tokens: {len(ids)} tokens from the input "
+                f"You requested a total of {n_input + mnt} tokens: {n_input} tokens from the input "
                 f"messages and {mnt} tokens for the completion. Please reduce the number of tokens "
                 f"in the input messages or the completion to fit within the limit.")
+    return None
+
+
+def _contract_error(st: State, obj: dict) -> str | None:
+    """From 0.5.22: the schema check of the /generate body (unknown sampling_params keys), as the
+    string api_types.py raises; None when it passes or the release does not check."""
+    if st.version < (0, 5, 22):
+        return None
+    sp = obj.get("sampling_params")
+    for one in (sp if isinstance(sp, list) else [sp]):
+        if one is None:
+            continue
+        if not isinstance(one, dict):
+            return "invalid type: " + ("sequence" if isinstance(one, list) else type(one).__name__) + ", expected struct SamplingParams"
+        for key in one:
+            if key not in SAMPLING_FIELDS:
+                return unknown_field_message(key)
     return None
 
 
 async def _generate_one(st: State, ids: list[int], sp: dict, rid: str) -> dict:
     """Run one request through the (simulated) scheduler; return the /generate result object."""
     t0 = time.monotonic()
-    seed = sp.get("sampling_seed")
+    seed = st.effective_seed(sp.get("sampling_seed"))
     planned = plan_reply(ids, seed, (st.args.think_min, st.args.think_max), (st.args.answer_min, st.args.answer_max))
     max_new = sp.get("max_new_tokens", 128)
     if max_new is None:
@@ -488,10 +588,14 @@ async def _generate_one(st: State, ids: list[int], sp: dict, rid: str) -> dict:
     }
 
 
-def _abort_result(rid: str, n_input: int) -> dict:
-    return {"text": "", "output_ids": [], "meta_info": {
-        "id": rid, "finish_reason": {"type": "abort", "message": "Abort in waiting queue", "status_code": 500},
-        "prompt_tokens": n_input, "completion_tokens": 0, "cached_tokens": 0, "e2e_latency": 0.0,
+def _abort_result(st: State, rid: str, ids: list[int], sp: dict) -> dict:
+    """A plain abort: HTTP 200, no status code, the output generated so far."""
+    planned = plan_reply(ids, st.effective_seed(sp.get("sampling_seed")), (st.args.think_min, st.args.think_max),
+                         (st.args.answer_min, st.args.answer_max))
+    partial = planned[: st.rng.randint(0, len(planned) // 2)]
+    return {"text": detokenize(partial), "output_ids": partial, "meta_info": {
+        "id": rid, "finish_reason": {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None},
+        "prompt_tokens": len(ids), "completion_tokens": len(partial), "cached_tokens": 0, "e2e_latency": 0.0,
         "spec_verify_ct": 0, "spec_accept_length": 0.0}}
 
 
@@ -521,6 +625,10 @@ async def handle_generate(request):
             return _http_error(400, "The request body must be a JSON object")
         stream = bool(obj.get("stream"))
         rid = obj.get("rid")
+        contract = _contract_error(st, obj)
+        if contract is not None:
+            st.record(rid if isinstance(rid, str) else None, "http_400_contract")
+            return _json({"error": contract}, 400)
         await _apply_fault(st, request, fault, rid if isinstance(rid, str) else None, stream)
         ids = obj.get("input_ids")
         text = obj.get("text")
@@ -554,7 +662,7 @@ async def handle_generate(request):
             st.num_aborted += len(rids)
             for r, p in zip(rids, prompts):
                 st.record(r, "abort", len(p))
-            results = [_abort_result(r, len(p)) for r, p in zip(rids, prompts)]
+            results = [_abort_result(st, r, p, sp if isinstance(sp, dict) else {}) for r, p, sp in zip(rids, prompts, sps)]
         elif stream:
             if batch:
                 return _bad_request("Streaming a batch is not supported by this stub.")
@@ -701,9 +809,10 @@ async def handle_health_generate(request):
 
 
 async def handle_health(request):
+    """GET /health: 503 while starting, then a cheap 200 (even when generation is stuck)."""
     from aiohttp import web
 
-    return web.Response(status=200)
+    return web.Response(status=503 if _state(request).starting else 200)
 
 
 def _server_args(st: State) -> dict:
@@ -712,9 +821,13 @@ def _server_args(st: State) -> dict:
             "host": a.host, "port": a.port, "context_length": a.context_length,
             "max_running_requests": a.max_running_requests, "max_total_tokens": a.max_total_tokens,
             "tp_size": 1, "dp_size": 1, "enable_metrics": a.enable_metrics,
-            "reasoning_parser": a.reasoning_parser, "speculative_algorithm": "EAGLE",
-            "speculative_num_steps": a.spec_draft_tokens - 1, "speculative_eagle_topk": 1,
-            "speculative_num_draft_tokens": a.spec_draft_tokens, "decode_log_interval": 40,
+            "reasoning_parser": a.reasoning_parser,
+            # NEXTN is rewritten to EAGLE; without speculative decoding all four are null
+            "speculative_algorithm": "EAGLE" if (a.speculative_algorithm or "").upper() == "NEXTN" else a.speculative_algorithm,
+            "speculative_num_steps": a.speculative_num_steps, "speculative_eagle_topk": a.speculative_eagle_topk,
+            "speculative_num_draft_tokens": a.speculative_num_draft_tokens,
+            "enable_deterministic_inference": a.enable_deterministic_inference,
+            "mamba_radix_cache_strategy": a.mamba_radix_cache_strategy, "decode_log_interval": 40,
             "api_key": None}
 
 
@@ -729,7 +842,7 @@ async def handle_model_info(request):
     st = _state(request)
     return _json({"model_path": st.args.model_path, "tokenizer_path": st.args.model_path, "is_generation": True,
                   "preferred_sampling_params": None, "weight_version": "default",
-                  "served_model_name": st.args.served_model_name, "max_model_len": st.args.context_length})
+                  "served_model_name": st.args.served_model_name})
 
 
 async def handle_models(request):
@@ -853,18 +966,34 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The server's flags; those of real SGLang exist only in the releases that have them (a flag
+    SGLang removed is an unrecognized argument, exit 2, as there)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--sglang-version", default=DEFAULT_VERSION)
+    version = parse_version(pre.parse_known_args(argv)[0].sglang_version)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000, help="0 picks a free port (printed on the ready line)")
     p.add_argument("--model-path", default="Qwen/Qwen3-8B")
     p.add_argument("--served-model-name", default=None, help="default: the model path")
-    p.add_argument("--sglang-version", default="0.5.11", help='what /server_info reports as "version"')
+    p.add_argument("--sglang-version", default=DEFAULT_VERSION,
+                   help='the release it stands for: what /server_info reports as "version", and the behaviour that differs by release')
     p.add_argument("--context-length", type=int, default=8192)
     p.add_argument("--max-running-requests", type=int, default=48)
     p.add_argument("--max-total-tokens", type=int, default=400_000)
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--reasoning-parser", default=None, choices=[None, "qwen3"])
     p.add_argument("--api-key", default=None)
+    p.add_argument("--speculative-algorithm", default=None, help="EAGLE, EAGLE3, NEXTN (rewritten to EAGLE), ...")
+    p.add_argument("--speculative-num-steps", type=int, default=None)
+    p.add_argument("--speculative-eagle-topk", type=int, default=None)
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
+    p.add_argument("--enable-deterministic-inference", action="store_true",
+                   help="apply sampling_seed (without it the same seed gives another reply each time)")
+    if version >= (0, 5, 14):
+        p.add_argument("--mamba-radix-cache-strategy", default="auto", choices=["auto", "no_buffer", "extra_buffer"])
+    if version < (0, 5, 20):  # gone from 0.5.20; from 0.5.14 a deprecated alias of --mamba-radix-cache-strategy
+        p.add_argument("--mamba-scheduler-strategy", default=None, choices=["auto", "no_buffer", "extra_buffer"])
     p.add_argument("--log-file", default=None, help="decode log lines go here (default: stderr)")
     p.add_argument("--log-interval-s", type=float, default=1.0, help="gauge refresh and decode log period")
     p.add_argument("--health-timeout-s", type=float, default=1.0, help="how long a stuck /health_generate waits")
@@ -878,12 +1007,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--request-log-size", type=int, default=100_000, help="rids kept for GET /_requests (0: none)")
     p.add_argument("--fault-seed", type=int, default=0)
     g = p.add_argument_group("faults (also settable at run time: POST /_control)")
-    g.add_argument("--startup-delay-s", type=float, default=0.0)
+    g.add_argument("--startup-delay-s", type=float, default=0.0, help="health 503 and requests held for this long")
     g.add_argument("--error-share", type=float, default=0.0)
     g.add_argument("--error-statuses", type=lambda s: [int(x) for x in s.split(",")], default=[500, 503, 429])
     g.add_argument("--error-window", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="FIRST,LAST: generate requests with ordinal in [FIRST, LAST) get an error")
     g.add_argument("--abort-share", type=float, default=0.0)
+    g.add_argument("--abort-status", type=int, default=None, choices=[400, 500, 503],
+                   help="an abort carries this status code: a real HTTP error instead of a 200")
     g.add_argument("--stall-share", type=float, default=0.0)
     g.add_argument("--drop-share", type=float, default=0.0)
     g.add_argument("--malformed-share", type=float, default=0.0)
@@ -894,6 +1025,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--die-after", type=int, default=None)
     args = p.parse_args(argv)
     args.served_model_name = args.served_model_name or args.model_path
+    if getattr(args, "mamba_scheduler_strategy", None) is not None and version >= (0, 5, 14):
+        print("WARNING: --mamba-scheduler-strategy is deprecated, use --mamba-radix-cache-strategy", file=sys.stderr)
+        args.mamba_radix_cache_strategy = args.mamba_scheduler_strategy
+    if not hasattr(args, "mamba_radix_cache_strategy"):
+        args.mamba_radix_cache_strategy = getattr(args, "mamba_scheduler_strategy", None) or "auto"
+    spec = (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens)
+    if args.speculative_algorithm and spec == (None, None, None):  # none set: SGLang picks them
+        args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens = 3, 1, 4
+    elif args.speculative_algorithm and None in spec:
+        p.error("set all three speculative numbers (--speculative-num-steps, --speculative-eagle-topk, "
+                "--speculative-num-draft-tokens) with --speculative-algorithm")
     return args
 
 

@@ -1,0 +1,289 @@
+"""What a server is, asked before the first request: reachable? which protocol? its limits.
+
+``preflight`` runs once at the start of ``dqa regen``, on every endpoint at once:
+
+- Reachable: any HTTP answer counts (a server still starting answers 503 on ``/health``: that is
+  reachable, and the dispatcher waits for it up to ``--down-deadline``). A connect failure is
+  tried again a few times over a few seconds; when no endpoint ever answers, the run stops at
+  once (``RuntimeFailure``, exit 3) instead of waiting ``--down-deadline`` for a typo.
+- Which server: ``GET /server_info`` (older ``/get_server_info``) answering a JSON object is
+  SGLang; ``GET /v1/models`` answering ``{"data": [...]}`` is OpenAI-compatible. ``--protocol
+  sglang`` against a server without ``/generate`` (``GET /generate`` is 404: the route does not
+  exist; SGLang answers 405, POST only) is a ``UsageError`` (exit 2) saying to use ``--protocol
+  openai``; the other way round likewise.
+- Limits (``ServerFacts``): the model name and context length from ``/v1/models``
+  ``data[0].id`` / ``max_model_len`` (``/server_info`` ``context_length`` otherwise; ``/model_info``
+  does not carry it), the speculative reserve, the version (how SGLang compares lengths) and
+  whether ``sampling_seed`` takes effect (``enable_deterministic_inference``). See
+  ``server_sglang`` and SGLANG.md.
+
+``discover`` is the same fact finding for one endpoint; the dispatcher calls it again for an
+endpoint that was not up at start-up, once it becomes healthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from dqa.errors import RuntimeFailure, UsageError
+
+from . import server_sglang as sg
+from .urls import strip_userinfo
+
+SGLANG = "sglang"
+OPENAI = "openai"
+UNKNOWN = "unknown"
+# Start-up reachability: tries over this many seconds before an endpoint counts as never reachable.
+PREFLIGHT_WINDOW_S = 6.0
+
+
+@dataclass
+class ServerFacts:
+    """What one endpoint told about itself (``None``: it did not say)."""
+
+    kind: str = UNKNOWN  # sglang | openai | unknown
+    version: str | None = None
+    model: str | None = None
+    context_length: int | None = None
+    reserve: int = 0  # speculative reserve added to the prompt in SGLang's length check
+    deterministic: bool | None = None  # SGLang: --enable-deterministic-inference (seeds take effect)
+    complete: bool = False  # the server answered the info requests (not still starting)
+
+    @property
+    def inclusive(self) -> bool:
+        """Equal to the context length is already over (0.5.4 and older, or no version said)."""
+        return sg.inclusive_length_check(sg.parse_version(self.version))
+
+    @property
+    def seed_applied(self) -> bool | None:
+        """Whether a request's seed reproduces its output: SGLang only with deterministic
+        inference; None for other servers (not known)."""
+        if self.kind == SGLANG:
+            return bool(self.deterministic)
+        return None
+
+    def output_cap(self, prompt_len: int) -> int | None:
+        """The largest ``max_new_tokens`` this server accepts for the prompt; None when its context
+        length is not known."""
+        if not self.context_length:
+            return None
+        return sg.output_cap(self.context_length, prompt_len, self.reserve, self.inclusive)
+
+    def to_json(self) -> dict[str, Any]:
+        """What run.json records per endpoint."""
+        return {
+            "server": self.kind,
+            "version": self.version,
+            "model": self.model,
+            "context_length": self.context_length,
+            "speculative_reserve": self.reserve,
+            "deterministic_inference": self.deterministic,
+            "seed_applied": self.seed_applied,
+        }
+
+
+def facts_from(server_info: Any, models: Any) -> ServerFacts:
+    """``ServerFacts`` from the parsed ``/server_info`` and ``/v1/models`` replies (either may be None)."""
+    f = ServerFacts()
+    if isinstance(server_info, dict) and server_info:
+        info = dict(server_info)
+        nested = info.get("server_args")  # some releases nest the arguments
+        if isinstance(nested, dict):
+            info = {**nested, **info}
+        f.kind = SGLANG
+        f.version = str(info["version"]) if info.get("version") is not None else None
+        f.reserve = sg.speculative_reserve(info)
+        f.deterministic = sg.deterministic_inference(info)
+        n = info.get("context_length") or info.get("max_context_length")
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            f.context_length = n
+        name = info.get("served_model_name") or info.get("model_path")
+        if isinstance(name, str) and name:
+            f.model = name
+    card = None
+    if isinstance(models, dict):
+        data = models.get("data")
+        if isinstance(data, list) and data and isinstance(data[0], dict):
+            card = data[0]
+            if f.kind == UNKNOWN:
+                f.kind = OPENAI
+    if card is not None:
+        n = card.get("max_model_len")
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            f.context_length = n  # the served limit: what the length check uses
+        if isinstance(card.get("id"), str) and card["id"]:
+            f.model = card["id"]
+    f.complete = f.kind != UNKNOWN
+    return f
+
+
+async def _get_json(session, url: str, timeout) -> tuple[int | None, Any]:
+    """(status, parsed JSON or None); status None when nothing answered."""
+    import aiohttp
+
+    try:
+        async with session.get(url, timeout=timeout) as r:
+            raw = await r.read()
+            status = r.status
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        return None, None
+    if status != 200:
+        return status, None
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, None
+
+
+async def discover(session, url: str, timeout) -> ServerFacts:
+    """Ask one endpoint (base URL) what it is: ``/server_info`` (``/get_server_info``) and
+    ``/v1/models``. Never raises for server behaviour."""
+    info = None
+    for path in ("/server_info", "/get_server_info"):
+        status, obj = await _get_json(session, url + path, timeout)
+        if isinstance(obj, dict):
+            info = obj
+            break
+    _, models = await _get_json(session, url + "/v1/models", timeout)
+    return facts_from(info, models)
+
+
+async def _status(session, url: str, timeout) -> int | None:
+    import aiohttp
+
+    try:
+        async with session.get(url, timeout=timeout, allow_redirects=False) as r:
+            await r.read()
+            return r.status
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        return None
+
+
+def _connect_failure(exc: BaseException) -> bool:
+    """True for an error that means no connection was made (refused, no route, DNS, bad URL,
+    connect timeout); a read timeout or a dropped connection means something is there."""
+    import aiohttp
+
+    connect_timeout = getattr(aiohttp, "ConnectionTimeoutError", None)  # aiohttp >= 3.10
+    if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.InvalidURL)):
+        return True
+    if connect_timeout is not None and isinstance(exc, connect_timeout):
+        return True
+    return isinstance(exc, aiohttp.ServerTimeoutError) and "connection timeout" in str(exc).lower()
+
+
+async def _reachable(session, url: str, window: float, try_timeout: float, read_timeout: float) -> tuple[bool, str]:
+    """Whether ``url`` answers HTTP at all (any status; a connection that is accepted but slow to
+    answer counts too) within ``window`` seconds; the last connect error when it does not."""
+    import aiohttp
+
+    deadline = time.monotonic() + window
+    delay = 0.25
+    err = ""
+    t = aiohttp.ClientTimeout(total=None, sock_connect=try_timeout, sock_read=read_timeout)
+    while True:
+        try:
+            async with session.get(url + "/health", timeout=t, allow_redirects=False) as r:
+                await r.read()
+            return True, ""
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            if not _connect_failure(exc):
+                return True, ""  # connected, then slow or misbehaving: it is there
+            err = " ".join(str(exc).split())[:160] or type(exc).__name__
+        if time.monotonic() + delay > deadline:
+            return False, err
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
+def _wrong_protocol(name: str, protocol: str, facts: ServerFacts, generate: int | None, chat: int | None) -> str | None:
+    """The usage error for an endpoint that does not speak ``protocol``, else None."""
+    if protocol == SGLANG and facts.kind != SGLANG and generate == 404:
+        what = "an OpenAI-compatible server" if facts.kind == OPENAI else "not an SGLang server"
+        return f"{name}: this server has no /generate ({what}): use --protocol openai"
+    if protocol == OPENAI and chat == 404:
+        what = "an SGLang server without the OpenAI routes" if facts.kind == SGLANG else "not an OpenAI-compatible server"
+        return f"{name}: this server has no /v1/chat/completions ({what}): use --protocol sglang"
+    return None
+
+
+async def _one(session, url: str, protocol: str, window: float, try_timeout: float, info_timeout) -> tuple[bool, str, ServerFacts, str | None]:
+    name = strip_userinfo(url)
+    ok, err = await _reachable(session, url, window, try_timeout, info_timeout.total or 10.0)
+    if not ok:
+        return False, err, ServerFacts(), None
+    facts = await discover(session, url, info_timeout)
+    generate = chat = None
+    if protocol == SGLANG and facts.kind != SGLANG:
+        generate = await _status(session, url + "/generate", info_timeout)
+    if protocol == OPENAI:
+        chat = await _status(session, url + "/v1/chat/completions", info_timeout)
+    return True, "", facts, _wrong_protocol(name, protocol, facts, generate, chat)
+
+
+async def preflight_async(
+    urls: list[str], protocol: str, headers: dict[str, str] | None = None, connect_timeout: float = 10.0,
+    info_timeout: float = 10.0, window: float = PREFLIGHT_WINDOW_S,
+) -> dict[str, ServerFacts | None]:
+    """Probe every endpoint at once; ``{url: facts}`` (None: not reachable during ``window``).
+
+    Raises ``UsageError`` (exit 2) for an endpoint that does not speak ``protocol`` and
+    ``RuntimeFailure`` (exit 3) when no endpoint answers at all.
+    """
+    import aiohttp
+
+    try_timeout = max(1.0, min(connect_timeout, 3.0))
+    timeout = aiohttp.ClientTimeout(total=info_timeout)
+    async with aiohttp.ClientSession(headers=headers or {}, cookie_jar=aiohttp.DummyCookieJar()) as session:
+        results = await asyncio.gather(*[_one(session, u, protocol, window, try_timeout, timeout) for u in urls])
+    for _, _, _, wrong in results:
+        if wrong:
+            raise UsageError(strip_userinfo(wrong))
+    if not any(ok for ok, *_ in results):
+        why = "; ".join(f"{strip_userinfo(u)}: {err}" for u, (_, err, _, _) in zip(urls, results))
+        raise RuntimeFailure(
+            f"no endpoint answers ({why[:400]}): all {len(urls)} down at start-up; "
+            "check the URLs, start the servers and rerun"
+        )
+    return {u: (facts if ok else None) for u, (ok, _, facts, _) in zip(urls, results)}
+
+
+def preflight(urls: list[str], protocol: str, headers: dict[str, str] | None = None, connect_timeout: float = 10.0,
+              info_timeout: float = 10.0, window: float = PREFLIGHT_WINDOW_S) -> dict[str, ServerFacts | None]:
+    """``preflight_async`` in its own event loop (see there)."""
+    return asyncio.run(preflight_async(urls, protocol, headers, connect_timeout, info_timeout, window))
+
+
+def describe(name: str, f: ServerFacts) -> str:
+    """One log line about an endpoint's facts."""
+    parts = [f.kind if f.kind != SGLANG else f"SGLang {f.version or '(version not said)'}"]
+    if f.model:
+        parts.append(f.model)
+    if f.context_length:
+        parts.append(f"context {f.context_length}")
+    if f.reserve:
+        parts.append(f"speculative reserve {f.reserve}")
+    return f"{name}: " + ", ".join(parts)
+
+
+@dataclass
+class SeedNotice:
+    """Says once per run that seeds do not reproduce outputs on some endpoints."""
+
+    said: bool = False
+    endpoints: list[str] = field(default_factory=list)
+
+    def check(self, name: str, facts: ServerFacts, log: Callable[[str], None]) -> None:
+        if facts.seed_applied is not False or name in self.endpoints:
+            return
+        self.endpoints.append(name)
+        if not self.said:
+            self.said = True
+            log(
+                f"{name}: SGLang runs without --enable-deterministic-inference, so sampling_seed is not applied: "
+                "a rerun will not reproduce these outputs (run.json and each row's sampling record seed_applied: false)"
+            )
