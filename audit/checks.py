@@ -15,8 +15,20 @@ The metrics come from the chat format read from the tokenizer's own template
 header is its token sequence, and a trained span may end in end-of-turn followed by
 the template's own tokens after it (ChatML's ``\n``, which SpecForge, TRL and
 LLaMA-Factory train). A ``<think>`` in an untrained header (SpecForge's ``qwen3.5``:
-``<|im_start|>assistant\n<think>\n``) still opens the turn's think block. The checks
-look at the final assistant turn; per-turn checks are a later step.
+``<|im_start|>assistant\n<think>\n``) still opens the turn's think block.
+
+Every trained assistant turn is checked (SpecForge, TRL, LLaMA-Factory and axolotl train every
+assistant turn by default). A check with a ``turn_rule`` also judges each trained turn, on the
+per-turn table of the kernel (``kernels.TURN_COLUMNS``, one row per trained turn), and flags a
+sample when its sample ``rule`` or the ``turn_rule`` of any of its turns does:
+``degenerate_template`` counts the turns that share a supervised hash across the set (so an
+"OK." in turn 1 of 3 is found, and a canned final turn after a real first one),
+``short_response`` counts each turn's content, the thinking checks look at each
+turn's think block (``missing_thinking`` only on turns whose think block the template keeps:
+Qwen3 drops the reasoning of history turns), and ``truncated`` asks each turn to close. The
+other checks (``no_loss``, ``length_mismatch``, ``duplicate_response``, ``repetition_loop``,
+``mask_misaligned``) judge the whole sample. ``duplicate_response`` stays whole-sample: clean
+multi-turn data restates canned history replies (a greeting, a fact) across conversations.
 """
 
 from __future__ import annotations
@@ -52,6 +64,7 @@ class Check:
     why: str
     rule: Callable[[Context], pl.Expr]
     defaults: dict[str, Any] = field(default_factory=dict)
+    turn_rule: Callable[[Context], pl.Expr] | None = None  # over the per-turn table; None: whole-sample check
 
 
 def _p(ctx: Context, check: str, key: str) -> Any:
@@ -64,6 +77,19 @@ def _degenerate_min_rows(ctx: Context) -> int:
 
 
 SUP = pl.col("supervised_tokens") > 0
+
+
+def _duplicate(ctx: Context) -> pl.Expr:
+    return (
+        SUP
+        & (pl.col("template_rows") >= 2)
+        & (pl.col("template_prompts") >= 2)
+        & (pl.col("template_rows") < _degenerate_min_rows(ctx))
+    )
+
+
+def _empty_thinking(ctx: Context) -> pl.Expr:
+    return pl.lit(ctx.thinking_expected) & SUP & pl.col("think_present") & pl.col("think_closed") & (pl.col("thinking_tokens") == 0)
 
 CHECKS: tuple[Check, ...] = (
     Check(
@@ -87,16 +113,17 @@ CHECKS: tuple[Check, ...] = (
         "the model learns one canned answer (the 'OK.' mode of thinking-off generation)",
         lambda ctx: SUP & (pl.col("template_rows") >= _degenerate_min_rows(ctx)),
         {"min_share": 0.01, "min_rows": 10},
+        lambda ctx: SUP & (pl.col("template_rows") >= _degenerate_min_rows(ctx)),
     ),
     Check(
         "duplicate_response",
         "same response as a different prompt",
         "its supervised tokens equal another sample's (with a different prompt), below the degenerate threshold",
         "the same answer for different questions teaches the model to ignore the prompt",
-        lambda ctx: SUP
-        & (pl.col("template_rows") >= 2)
-        & (pl.col("template_prompts") >= 2)
-        & (pl.col("template_rows") < _degenerate_min_rows(ctx)),
+        lambda ctx: _duplicate(ctx),
+        # Whole samples only: a history turn restating a canned reply (a greeting, a fact) in another
+        # conversation is common in clean multi-turn data; a canned reply in 1% of the turns is a
+        # degenerate template, which counts turns.
     ),
     Check(
         "short_response",
@@ -105,30 +132,30 @@ CHECKS: tuple[Check, ...] = (
         "a handful of supervised tokens gives the drafter almost nothing to learn from",
         lambda ctx: SUP & (pl.col("content_tokens") < _p(ctx, "short_response", "min_content_tokens")),
         {"min_content_tokens": 10},
+        lambda ctx: SUP & (pl.col("content_tokens") < _p(ctx, "short_response", "min_content_tokens")),
     ),
     Check(
         "empty_thinking",
         "empty <think></think> block",
-        "the final assistant turn's think block is present but empty, in a set where thinking is expected",
+        "a trained assistant turn's think block is present but empty, in a set where thinking is expected",
         "teaches the model to skip reasoning: the signature of generation with thinking mode off",
-        lambda ctx: pl.lit(ctx.thinking_expected)
-        & SUP
-        & pl.col("think_present")
-        & pl.col("think_closed")
-        & (pl.col("thinking_tokens") == 0),
+        lambda ctx: _empty_thinking(ctx),
+        turn_rule=lambda ctx: _empty_thinking(ctx),
     ),
     Check(
         "missing_thinking",
-        "no think block in the final turn",
-        "the final assistant turn has no think block, in a set where thinking is expected",
+        "no think block in a trained turn",
+        "a trained assistant turn whose think block the template keeps (the final turn; every turn unless the "
+        "template drops history reasoning, as Qwen3's does) has none, in a set where thinking is expected",
         "a reasoning model trained on answers without reasoning loses its thinking mode",
         lambda ctx: pl.lit(ctx.thinking_expected) & SUP & pl.col("has_assistant") & ~pl.col("think_present"),
+        turn_rule=lambda ctx: pl.lit(ctx.thinking_expected) & SUP & pl.col("keeps_reasoning") & ~pl.col("think_present"),
     ),
     Check(
         "truncated",
         "does not end with end-of-turn",
-        "the supervised span of the final turn does not end in the end-of-turn token (or in what the template puts "
-        "right after it, ChatML's newline), or the turn or its think block never closes",
+        "the supervised span of a trained turn (or of the sample) does not end in the end-of-turn token (or in what "
+        "the template puts right after it, ChatML's newline), or the turn or its think block never closes",
         "the model learns to stop mid-thought; length-capped generations counted as good",
         lambda ctx: SUP
         & (
@@ -136,6 +163,8 @@ CHECKS: tuple[Check, ...] = (
             | (pl.col("has_assistant") & ~pl.col("final_turn_closed"))
             | (pl.col("think_present") & ~pl.col("think_closed"))
         ),
+        turn_rule=lambda ctx: SUP
+        & (~pl.col("last_supervised_eot") | ~pl.col("turn_closed") | (pl.col("think_present") & ~pl.col("think_closed"))),
     ),
     Check(
         "repetition_loop",
@@ -254,12 +283,23 @@ def load_config(path: str) -> dict[str, dict[str, Any]]:
 def prepare(metrics: pl.DataFrame) -> pl.DataFrame:
     """Add set-level columns: ``template_rows`` (samples sharing the supervised hash) and
     ``template_prompts`` (distinct prompts among them); 0 for unsupervised samples."""
+    return _templates_of(metrics, metrics)
+
+
+def prepare_turns(turns: pl.DataFrame) -> pl.DataFrame:
+    """The per-turn table (``kernels.TURN_COLUMNS``) with the set-level ``template_rows`` (trained turns
+    sharing the turn's supervised hash, across the set) and ``template_prompts`` (distinct questions,
+    the turns' ``prompt_hash``, among them)."""
+    return _templates_of(turns, turns)
+
+
+def _templates_of(table: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame:
     groups = (
-        metrics.filter(pl.col("supervised_tokens") > 0)
+        units.filter(pl.col("supervised_tokens") > 0)
         .group_by("supervised_hash")
         .agg(pl.len().alias("template_rows"), pl.col("prompt_hash").n_unique().alias("template_prompts"))
     )
-    out = metrics.join(groups, on="supervised_hash", how="left", maintain_order="left")
+    out = table.join(groups, on="supervised_hash", how="left", maintain_order="left")
     return out.with_columns(
         pl.col("template_rows").fill_null(0).cast(pl.Int64), pl.col("template_prompts").fill_null(0).cast(pl.Int64)
     )
@@ -275,18 +315,53 @@ def infer_thinking(metrics: pl.DataFrame, min_share: float) -> tuple[bool, float
     return share >= min_share, share
 
 
-def evaluate(metrics: pl.DataFrame, ctx: Context, only: list[str] | None = None) -> pl.DataFrame:
+TURN_CHECKS: tuple[str, ...] = tuple(c.name for c in CHECKS if c.turn_rule is not None)
+
+
+def evaluate_turns(turns: pl.DataFrame, ctx: Context, only: list[str] | None = None) -> pl.DataFrame:
+    """Add one boolean column per check with a ``turn_rule`` (False for checks not in ``only``) and
+    ``failed`` to the per-turn table (``prepare_turns``'s output)."""
+    selected = set(CHECK_NAMES) if only is None else set(only)
+    exprs = [
+        (c.turn_rule(ctx) if c.name in selected and c.turn_rule is not None else pl.lit(False)).fill_null(False).alias(c.name)
+        for c in CHECKS
+        if c.turn_rule is not None
+    ]
+    out = turns.with_columns(exprs)
+    return out.with_columns(pl.any_horizontal([pl.col(n) for n in TURN_CHECKS]).alias("failed"))
+
+
+def priority_order() -> tuple[str, ...]:
+    """``PRIORITY``, then any check it does not name (so that every flagged sample has a primary reason)."""
+    return PRIORITY + tuple(n for n in CHECK_NAMES if n not in PRIORITY)
+
+
+def evaluate(metrics: pl.DataFrame, ctx: Context, only: list[str] | None = None, turns: pl.DataFrame | None = None) -> pl.DataFrame:
     """Add one boolean column per check (False for checks not in ``only``; None means all) and ``failed``.
 
-    ``metrics`` must already carry the columns of ``prepare``.
+    ``metrics`` must already carry the columns of ``prepare``. With ``turns`` (``evaluate_turns``'s
+    output) a check with a turn rule also flags the samples with a flagged turn, and two columns
+    are added: ``flagged_turns`` (how many of the sample's turns some check flags) and ``turns``
+    (their indices, a sorted list).
     """
     selected = set(CHECK_NAMES) if only is None else set(only)
     exprs = [
         (c.rule(ctx) if c.name in selected else pl.lit(False)).fill_null(False).alias(c.name) for c in CHECKS
     ]
     out = metrics.with_columns(exprs)
+    if turns is not None:
+        per_row = turns.filter(pl.col("failed")).group_by("row").agg(
+            *[pl.col(n).any().alias(f"_turn_{n}") for n in TURN_CHECKS],
+            pl.col("turn").sort().alias("turns"),
+        )
+        out = out.join(per_row, on="row", how="left", maintain_order="left")
+        out = out.with_columns(
+            *[(pl.col(n) | pl.col(f"_turn_{n}").fill_null(False)).alias(n) for n in TURN_CHECKS],
+            pl.col("turns").fill_null(pl.lit([], dtype=pl.List(pl.Int32))).cast(pl.List(pl.Int32)),
+        ).drop([f"_turn_{n}" for n in TURN_CHECKS])
+        out = out.with_columns(pl.col("turns").list.len().cast(pl.Int64).alias("flagged_turns"))
     primary = pl.lit(None, dtype=pl.String)
-    for name in reversed(PRIORITY):
+    for name in reversed(priority_order()):
         primary = pl.when(pl.col(name)).then(pl.lit(name)).otherwise(primary)
     return out.with_columns(
         pl.any_horizontal([pl.col(n) for n in CHECK_NAMES]).alias("failed"), primary.alias("primary_reason")

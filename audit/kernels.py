@@ -13,6 +13,11 @@ its role tokens delimit turns, its assistant header is matched as a token sequen
 starts with one of them, and a trained span may end in end of turn followed by the
 template's own tokens after it (ChatML's newline).
 
+Per trained assistant turn (``batch_metrics_and_turns``) the same questions are answered on
+the turn's region (from its header to its end of turn and what the template puts after it,
+cut at the next role token): one row per trained turn, so the per-turn arrays are as long as
+the batch's turns, never its tokens.
+
 Hashes (supervised sequence, prompt, n-grams) use a per-token 64-bit mix table
 and polynomial sums in wrapping uint64 arithmetic, so equal token sequences hash
 equally whatever batch or row they sit in.
@@ -70,6 +75,31 @@ CONVENTION_COLUMNS = (
     "post_eot_trained",
     "think_open_trained",
 )
+
+
+# Per trained assistant turn (an assistant turn with a supervised token): one row each, in row
+# then turn order. ``turn`` counts the row's assistant turns from 0 (trained or not).
+TURN_COLUMNS = (
+    "row",
+    "turn",
+    "supervised_tokens",
+    "content_tokens",
+    "thinking_tokens",
+    "think_present",
+    "think_closed",
+    "turn_closed",
+    "last_supervised_eot",
+    "final_turn",
+    "keeps_reasoning",
+    "supervised_hash",
+    "prompt_hash",
+    "span_start",
+    "span_end",
+)
+
+
+TURN_DTYPES = {"turn": np.int32, "supervised_hash": np.uint64, "prompt_hash": np.uint64, **{c: bool for c in (
+    "think_present", "think_closed", "turn_closed", "last_supervised_eot", "final_turn", "keeps_reasoning")}}
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
@@ -148,28 +178,48 @@ def _prefix(x: np.ndarray) -> np.ndarray:
 
 
 def _segment_sums(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Wrapping uint64 sum of ``values[lo[r]:hi[r]]`` per segment (0 for empty segments)."""
+    """Wrapping uint64 sum of ``values[lo[r]:hi[r]]`` per segment (0 for empty segments).
+
+    Segments are sorted and disjoint (``hi[r] <= lo[r+1]``), with or without gaps between them.
+    """
     out = np.zeros(len(lo), dtype=np.uint64)
     nonempty = np.flatnonzero(hi > lo)
     if nonempty.size:
-        # reduceat sums from each start to the next start; empty segments are dropped first,
-        # and the segments are contiguous, so each sum ends exactly at its own end.
-        out[nonempty] = np.add.reduceat(values[: hi[nonempty[-1]]], lo[nonempty])
+        # reduceat sums from each index to the next: interleave starts and ends, keep the sums that
+        # start at a segment start (those starting at a segment end cover the gaps, or are one
+        # value where a gap is empty).
+        a, b = lo[nonempty], hi[nonempty]
+        idx = np.empty(2 * a.size - 1, dtype=np.int64)
+        idx[0::2] = a
+        idx[1::2] = b[:-1]
+        out[nonempty] = np.add.reduceat(values[: b[-1]], idx)[0::2]
     return out
 
 
-def _sequence_hash(tokens_mix: np.ndarray, bounds: np.ndarray, tables: KernelTables) -> np.ndarray:
+def _sequence_hash(tokens_mix: np.ndarray, bounds: np.ndarray, tables: KernelTables, weighted: np.ndarray | None = None) -> np.ndarray:
     """Order-sensitive 64-bit hash of each segment ``tokens_mix[bounds[r]:bounds[r+1]]``.
 
     ``sum_i mix_i * K**i`` with ``i`` counted from the segment start (the global
     power is divided out with the inverse power); 0 for an empty segment.
     """
-    n = len(bounds) - 1
+    return _range_hash(tokens_mix, bounds[:-1], bounds[1:], tables, weighted)
+
+
+def _weighted(tokens_mix: np.ndarray, tables: KernelTables) -> np.ndarray:
+    """``mix_i * K**i`` over the sequence: the terms every range hash of it sums."""
+    p, _ = tables.powers(tokens_mix.size + 1)
+    return np.multiply(tokens_mix, p[: tokens_mix.size])
+
+
+def _range_hash(tokens_mix: np.ndarray, lo: np.ndarray, hi: np.ndarray, tables: KernelTables,
+                weighted: np.ndarray | None = None) -> np.ndarray:
+    """``_sequence_hash`` of the sorted, disjoint ranges ``tokens_mix[lo[r]:hi[r]]`` (gaps allowed);
+    ``weighted`` is ``_weighted(tokens_mix)`` when the caller has it already."""
     if tokens_mix.size == 0:
-        return np.zeros(n, dtype=np.uint64)
-    p, p_inv = tables.powers(tokens_mix.size + 1)
-    weighted = np.multiply(tokens_mix, p[: tokens_mix.size])
-    lo, hi = bounds[:-1], bounds[1:]
+        return np.zeros(len(lo), dtype=np.uint64)
+    _, p_inv = tables.powers(tokens_mix.size + 1)
+    if weighted is None:
+        weighted = _weighted(tokens_mix, tables)
     h = _segment_sums(weighted, lo, hi) * p_inv[np.minimum(lo, tokens_mix.size)]
     lengths = (hi - lo).astype(np.uint64)
     h = splitmix64(h ^ (lengths * _C))
@@ -229,11 +279,48 @@ def _ngram_repeat_share(sup_mix: np.ndarray, anchors: np.ndarray, bounds: np.nda
     return share
 
 
+def _ends_at_eot(ids: np.ndarray, last: np.ndarray, lo: np.ndarray, hi: np.ndarray, has: np.ndarray, spec: ChatFormat) -> np.ndarray:
+    """Whether each supervised span, whose last supervised position is ``last`` (inside a row
+    ``[lo, hi)``), ends at end of turn: on the end-of-turn token, just before it, or inside what
+    the template renders after it (ChatML's "\n": SpecForge, TRL, LLaMA-Factory train it).
+    False where ``has`` is False."""
+    if ids.size == 0:
+        return np.zeros(len(last), dtype=bool)
+    top = ids.size - 1
+    safe_last = np.clip(last, 0, top)
+    nxt = np.minimum(safe_last + 1, top)
+    out = has & ((ids[safe_last] == spec.eot) | ((safe_last + 1 < hi) & (ids[nxt] == spec.eot)))
+    post = spec.post_eot or ()
+    for m in range(1, len(post) + 1):  # the span ends m tokens after end of turn (a loop over 1-2 template tokens)
+        at = safe_last - m
+        ends_here = has & (at >= lo) & (ids[np.maximum(at, 0)] == spec.eot)
+        for k in range(1, m + 1):
+            ends_here &= ids[np.clip(at + k, 0, top)] == post[k - 1]
+        out |= ends_here
+    return out
+
+
 def batch_metrics(batch: TokenBatch, tables: KernelTables) -> dict[str, np.ndarray]:
     """Compute the per-row metrics of ``batch`` (see FORMATS.md, metrics.parquet).
 
     Returns a dict of equal-length numpy arrays keyed by ``METRIC_COLUMNS`` and ``CONVENTION_COLUMNS``.
     Raises ``InputError`` naming the file and row of a token id outside the vocabulary.
+    """
+    return batch_metrics_and_turns(batch, tables)[0]
+
+
+def batch_metrics_and_turns(batch: TokenBatch, tables: KernelTables) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """``batch_metrics`` and the per-turn metrics of the batch's trained assistant turns.
+
+    The second dict holds equal-length arrays keyed by ``TURN_COLUMNS``, one entry per trained
+    assistant turn (a turn with a supervised token in its region), in row then turn order:
+    ``row`` (dataset row), ``turn`` (0-based among the row's assistant turns), the turn's
+    supervised, content and thinking tokens, its think block (present, closed), whether the turn
+    closes (end of turn before the next role token), whether its supervised span ends at end of
+    turn (``last_supervised_eot``), ``final_turn`` (the row's last assistant turn),
+    ``keeps_reasoning`` (the template keeps this turn's think block: the row's last assistant
+    turn, or any turn unless ``ChatFormat.drops_history_reasoning`` is True or unknown), the hash of its supervised tokens, and its region as offsets in the row
+    (``span_start``, ``span_end``).
     """
     spec = tables.spec
     ids, offs, mask = batch.ids, batch.offsets, batch.mask
@@ -322,25 +409,14 @@ def batch_metrics(batch: TokenBatch, tables: KernelTables) -> dict[str, np.ndarr
     last_sup = np.searchsorted(cs_mask, cs_mask[ends], side="left") - 1
     has_sup = supervised > 0
     top = max(ids.size - 1, 0)
-    safe_last = np.clip(last_sup, 0, top)
-    nxt = np.minimum(safe_last + 1, top)
-    if ids.size:
-        last_supervised_eot = has_sup & (
-            (ids[safe_last] == spec.eot) | ((safe_last + 1 < ends) & (ids[nxt] == spec.eot))
-        )
-        post = spec.post_eot or ()
-        for m in range(1, len(post) + 1):  # the span ends m tokens after end of turn (a loop over 1-2 template tokens)
-            at = safe_last - m
-            ends_here = has_sup & (at >= starts) & (ids[np.maximum(at, 0)] == spec.eot)
-            for k in range(1, m + 1):
-                ends_here &= ids[np.clip(at + k, 0, top)] == post[k - 1]
-            last_supervised_eot |= ends_here
-    else:
-        last_supervised_eot = np.zeros(n, dtype=bool)
+    last_supervised_eot = _ends_at_eot(ids, last_sup, starts, ends, has_sup, spec)
 
     # Supervised tokens inside assistant turns: from after each header to its end of turn (plus
     # what the template renders after it, ChatML's newline, which common masking code includes),
     # cut at the next turn opener. Per turn also whether it is trained at all.
+    turns: dict[str, np.ndarray] = {c: np.zeros(0, dtype=TURN_DTYPES.get(c, np.int64)) for c in TURN_COLUMNS}
+    turn_sup = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))  # supervised ranges of the trained turns
+    turn_ask = turn_sup  # the trained turns' question ranges, in the unsupervised sequence
     if hpos.size:
         region_start = hpos + hlen
         row_end = ends[hrow]
@@ -352,11 +428,50 @@ def batch_metrics(batch: TokenBatch, tables: KernelTables) -> dict[str, np.ndarr
                 follows &= (region_end < row_end) & (ids[np.minimum(region_end, top)] == tok)
                 region_end = region_end + follows
         nts, nts_found = first_at_or_after(pos_ts, region_start, row_end)
+        turn_closed = e_found & ~(nts_found & (nts < e_at))
         region_end = np.where(nts_found, np.minimum(region_end, nts), region_end)
         inside = cs_mask[region_end] - cs_mask[region_start]
         sup_inside = np.bincount(hrow, weights=inside, minlength=n).astype(np.int64)
         assistant_turns = np.bincount(hrow, minlength=n).astype(np.int64)
         trained_turns = np.bincount(hrow, weights=inside > 0, minlength=n).astype(np.int64)
+
+        # Per trained turn: the same questions as for the final turn, on the turn's region.
+        turn_index = np.arange(hrow.size) - np.searchsorted(hrow, hrow, side="left")
+        tr = np.flatnonzero(inside > 0)
+        t_row, rs, re_ = hrow[tr], region_start[tr], region_end[tr]
+        t_sup = inside[tr]
+        t_open, t_think = first_at_or_after(pos_open, rs, re_)
+        t_close, t_closed = first_at_or_after(pos_close, t_open + 1, re_)
+        t_closed &= t_think
+        t_stop = np.where(t_closed, t_close, re_)
+        t_from = np.minimum(t_open + 1, t_stop)
+        t_last = np.searchsorted(cs_mask, cs_mask[re_], side="left") - 1  # inside the region: it has supervised tokens
+        final = turn_index[tr] == assistant_turns[t_row] - 1
+        keeps = final | (spec.drops_history_reasoning is False)
+        turns = {
+            "row": (t_row + batch.start_row).astype(np.int64),
+            "turn": turn_index[tr].astype(np.int32),
+            "supervised_tokens": t_sup.astype(np.int64),
+            "content_tokens": (t_sup - count_in(sup_boiler_pos, rs, re_)).astype(np.int64),
+            "thinking_tokens": np.where(t_think, (t_stop - t_from) - count_in(boiler_pos, t_from, t_stop), 0).astype(np.int64),
+            "think_present": t_think,
+            "think_closed": t_closed,
+            "turn_closed": turn_closed[tr],
+            "last_supervised_eot": _ends_at_eot(ids, t_last, starts[t_row], ends[t_row], np.ones(tr.size, dtype=bool), spec),
+            "final_turn": final,
+            "keeps_reasoning": keeps,
+            "supervised_hash": np.zeros(tr.size, dtype=np.uint64),  # filled below, from the supervised tokens
+            "prompt_hash": np.zeros(tr.size, dtype=np.uint64),  # and from the unsupervised ones
+            "span_start": (rs - starts[t_row]).astype(np.int64),
+            "span_end": (re_ - starts[t_row]).astype(np.int64),
+        }
+        turn_sup = (cs_mask[rs], cs_mask[re_])
+        # The question: from the role token before the header (the previous message's) to the header.
+        t_head = hpos[tr]
+        k = np.searchsorted(pos_ts, t_head, side="left") - 1
+        prev = pos_ts[np.maximum(k, 0)] if pos_ts.size else t_head
+        ask = np.where((k >= 0) & (prev >= starts[t_row]), prev, starts[t_row])
+        turn_ask = (ask - cs_mask[ask], t_head - cs_mask[t_head])
     else:
         sup_inside = np.zeros(n, dtype=np.int64)
         assistant_turns = np.zeros(n, dtype=np.int64)
@@ -384,14 +499,21 @@ def batch_metrics(batch: TokenBatch, tables: KernelTables) -> dict[str, np.ndarr
     sup_ids = ids[mb]
     sup_mix = tables.mix[sup_ids]
     sup_bounds = cs_mask[offs]
-    supervised_hash = _sequence_hash(sup_mix, sup_bounds, tables)
+    weighted = _weighted(sup_mix, tables)
+    supervised_hash = _sequence_hash(sup_mix, sup_bounds, tables, weighted)
+    if turn_sup[0].size:  # trained turns' regions are sorted and disjoint in the supervised sequence
+        turns["supervised_hash"] = _range_hash(sup_mix, turn_sup[0], turn_sup[1], tables, weighted)
+    del weighted
     ngram_share = _ngram_repeat_share(sup_mix, np.flatnonzero(tables.anchor[sup_ids]), sup_bounds)
     del sup_ids
     del sup_mix
     uns_mix = tables.mix[ids[~mb]]
-    prompt_hash = _sequence_hash(uns_mix, offs - sup_bounds, tables)
+    weighted = _weighted(uns_mix, tables)
+    prompt_hash = _sequence_hash(uns_mix, offs - sup_bounds, tables, weighted)
+    if turn_ask[0].size:  # questions lie between trained turns' headers: sorted and disjoint
+        turns["prompt_hash"] = _range_hash(uns_mix, turn_ask[0], turn_ask[1], tables, weighted)
 
-    return {
+    metrics = {
         "n_tokens": n_tokens,
         "n_mask": batch.mask_lengths.astype(np.int64, copy=False),
         "supervised_tokens": supervised.astype(np.int64),
@@ -413,3 +535,4 @@ def batch_metrics(batch: TokenBatch, tables: KernelTables) -> dict[str, np.ndarr
         "post_eot_trained": post_eot_trained,
         "think_open_trained": think_open_trained,
     }
+    return metrics, turns

@@ -28,7 +28,7 @@ from dqa.memory import reuse_freed_memory
 from dqa.audit import checks as checks_mod
 from dqa.audit import identity
 from dqa.audit.chat_format import WRONG_TOKENIZER_MIN_ROWS, check_format_fits, detect_conventions
-from dqa.audit.kernels import KernelTables, batch_metrics
+from dqa.audit.kernels import TURN_COLUMNS, TURN_DTYPES, KernelTables, batch_metrics_and_turns
 from dqa.audit.readers import Dataset, TokenBatch, open_dataset
 from dqa.audit.template import TemplateSpec, load_template
 from dqa.errors import InputError
@@ -161,15 +161,20 @@ def _prefetch(batches: Iterator[TokenBatch], depth: int = 2) -> Iterator[TokenBa
         stop.set()
 
 
-def _stream_metrics(ds: Dataset, tables: KernelTables, part: Path, batch_rows: int, progress: ProgressFn | None) -> tuple[int, int]:
-    """Write one metrics row group per batch to ``part``; return ``(rows, tokens)``."""
+def _stream_metrics(ds: Dataset, tables: KernelTables, part: Path, batch_rows: int, progress: ProgressFn | None,
+                    turns_part: Path | None = None) -> tuple[int, int]:
+    """Write one metrics row group per batch to ``part`` (and the batch's trained turns to
+    ``turns_part``, see ``kernels.TURN_COLUMNS``); return ``(rows, tokens)``."""
     writer: pq.ParquetWriter | None = None
+    turn_writer = pq.ParquetWriter(turns_part, _turn_schema(), compression="zstd") if turns_part is not None else None
     rows = tokens = 0
     id_type: pa.DataType | None = None
     fit: list[np.ndarray] | None = [np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64)]  # until the format is checked
     try:
         for batch in _prefetch(ds.batches(batch_rows)):
-            m = batch_metrics(batch, tables)
+            m, turns = batch_metrics_and_turns(batch, tables)
+            if turn_writer is not None and turns["row"].size:
+                turn_writer.write_table(pa.table({c: turns[c] for c in TURN_COLUMNS}, schema=turn_writer.schema))
             if fit is not None:  # a wrong tokenizer fails in seconds: its assistant header is missing from most rows
                 fit = [np.concatenate((fit[0], m["has_assistant"])), np.concatenate((fit[1], m["supervised_tokens"]))]
                 if int((fit[1] > 0).sum()) >= WRONG_TOKENIZER_MIN_ROWS:
@@ -195,18 +200,28 @@ def _stream_metrics(ds: Dataset, tables: KernelTables, part: Path, batch_rows: i
     finally:
         if writer is not None:
             writer.close()
+        if turn_writer is not None:
+            turn_writer.close()
     return rows, tokens
 
 
-def _supervised_tokens_of(ds: Dataset, wanted: list[int], batch_rows: int) -> dict[int, np.ndarray]:
-    """Supervised token ids of a few rows (reading only the parts of the dataset that hold them)."""
+def _turn_schema() -> pa.Schema:
+    return pa.schema([(c, pa.from_numpy_dtype(np.dtype(TURN_DTYPES.get(c, np.int64)))) for c in TURN_COLUMNS])
+
+
+def _supervised_tokens_of(ds: Dataset, wanted: dict[int, tuple[int, int] | None], batch_rows: int) -> dict[int, np.ndarray]:
+    """Supervised token ids of a few rows (reading only the parts of the dataset that hold them):
+    ``wanted[row]`` is a span ``(start, end)`` of offsets in the row (a turn's region), or None for the whole row."""
     found: dict[int, np.ndarray] = {}
-    want = np.array(sorted(set(wanted)), dtype=np.int64)
+    want = np.array(sorted(wanted), dtype=np.int64)
     for batch in ds.batches_with_rows(want, batch_rows):
         lo, hi = batch.start_row, batch.start_row + batch.num_rows
         for row in want[(want >= lo) & (want < hi)]:  # at most TOP_TEMPLATES rows
             r = int(row) - lo
-            a, b = batch.offsets[r], batch.offsets[r + 1]
+            a, b = int(batch.offsets[r]), int(batch.offsets[r + 1])
+            span = wanted[int(row)]
+            if span is not None:
+                a, b = a + span[0], min(a + span[1], b)
             found[int(row)] = batch.ids[a:b][batch.mask[a:b].view(bool)]
     return found
 
@@ -227,20 +242,54 @@ def _distribution(values: pl.Series) -> dict[str, Any]:
     }
 
 
-def _templates(metrics: pl.DataFrame, ds: Dataset, spec: TemplateSpec, batch_rows: int, rows: int) -> list[dict[str, Any]]:
-    groups = (
-        metrics.filter(pl.col("degenerate_template"))
+def _templates(metrics: pl.DataFrame, turns: pl.DataFrame, ds: Dataset, spec: TemplateSpec, batch_rows: int, rows: int) -> list[dict[str, Any]]:
+    """The most common degenerate templates, decoded as trained: the flagged turns grouped by their
+    supervised hash (``count`` turns in ``samples`` samples), and the samples flagged as a whole with
+    no flagged turn (samples without assistant turns) grouped by theirs."""
+    by_turn = (
+        turns.filter(pl.col("degenerate_template"))
+        .sort("row", "turn")
         .group_by("supervised_hash")
-        .agg(pl.len().alias("count"), pl.col("row").min().alias("example_row"), pl.col("supervised_tokens").first().alias("tokens"))
+        .agg(
+            pl.len().alias("count"),
+            pl.col("row").n_unique().alias("samples"),
+            pl.col("row").first().alias("example_row"),
+            pl.col("turn").first().cast(pl.Int64).alias("example_turn"),
+            pl.col("span_start").first().alias("span_start"),
+            pl.col("span_end").first().alias("span_end"),
+            pl.col("supervised_tokens").first().alias("tokens"),
+        )
+    )
+    whole = (
+        metrics.filter(pl.col("degenerate_template") & ~pl.col("row").is_in(turns.filter(pl.col("degenerate_template"))["row"].implode()))
+        .group_by("supervised_hash")
+        .agg(
+            pl.len().alias("count"),
+            pl.len().alias("samples"),
+            pl.col("row").min().alias("example_row"),
+            pl.lit(None, dtype=pl.Int64).alias("example_turn"),
+            pl.lit(None, dtype=pl.Int64).alias("span_start"),
+            pl.lit(None, dtype=pl.Int64).alias("span_end"),
+            pl.col("supervised_tokens").first().alias("tokens"),
+        )
+    )
+    groups = (
+        pl.concat([by_turn.cast(whole.schema), whole], how="vertical")
         .sort(["count", "example_row"], descending=[True, False])
         .head(TOP_TEMPLATES)
     )
     if groups.height == 0:
         return []
-    tokens = _supervised_tokens_of(ds, groups["example_row"].to_list(), batch_rows)
-    out = []
+    wanted: dict[int, tuple[int, int] | None] = {}
     for g in groups.iter_rows(named=True):  # at most TOP_TEMPLATES groups
-        ids = tokens.get(g["example_row"], np.zeros(0, dtype=np.int32))
+        span = None if g["span_start"] is None else (int(g["span_start"]), int(g["span_end"]))
+        wanted.setdefault(int(g["example_row"]), span)
+    found = _supervised_tokens_of(ds, wanted, batch_rows)
+    out = []
+    for g in groups.iter_rows(named=True):
+        ids = found.get(g["example_row"], np.zeros(0, dtype=np.int32))
+        if g["span_start"] is not None and wanted[int(g["example_row"])] != (g["span_start"], g["span_end"]):
+            ids = _supervised_tokens_of(ds, {int(g["example_row"]): (int(g["span_start"]), int(g["span_end"]))}, batch_rows)[int(g["example_row"])]
         text = spec.decode(ids[:TEMPLATE_DECODE_MAX_TOKENS].tolist())
         if len(ids) > TEMPLATE_DECODE_MAX_TOKENS:
             text += "…"
@@ -249,9 +298,11 @@ def _templates(metrics: pl.DataFrame, ds: Dataset, spec: TemplateSpec, batch_row
                 "text": text,
                 "tokens": int(g["tokens"]),
                 "count": int(g["count"]),
-                "share": g["count"] / rows if rows else 0.0,
+                "samples": int(g["samples"]),
+                "share": g["samples"] / rows if rows else 0.0,
                 "supervised_hash": int(g["supervised_hash"]),
                 "example_row": int(g["example_row"]),
+                "example_turn": None if g["example_turn"] is None else int(g["example_turn"]),
             }
         )
     return out
@@ -296,18 +347,21 @@ def run_scan(
     dropped = [] if previous is None or previous.get("fingerprint") == fingerprint else identity.derived_outputs(out)
     work = atomic.make_work_dir(out)
     try:
-        part = work / "metrics.part.parquet"
-        rows, tokens = _stream_metrics(ds, tables, part, options.batch_rows, progress)
+        part, turns_part = work / "metrics.part.parquet", work / "turns.part.parquet"
+        rows, tokens = _stream_metrics(ds, tables, part, options.batch_rows, progress, turns_part)
         if rows == 0:
             raise InputError(f"{dataset}: no rows (an empty dataset)")
         metrics = checks_mod.prepare(pl.read_parquet(part))
+        turns = checks_mod.prepare_turns(pl.read_parquet(turns_part))
         part.unlink()
+        turns_part.unlink()
         if options.thinking == "auto":
             expected, share = checks_mod.infer_thinking(metrics, float(params["scan"]["thinking_min_share"]))
         else:
             expected, share = options.thinking == "expected", checks_mod.infer_thinking(metrics, 0.0)[1]
         ctx = checks_mod.Context(rows=rows, thinking_expected=expected, params=params)
-        metrics = checks_mod.evaluate(metrics, ctx, selected)
+        turns = checks_mod.evaluate_turns(turns, ctx, selected)
+        metrics = checks_mod.evaluate(metrics, ctx, selected, turns)
         id_cols = ["id"] if "id" in metrics.columns else []
         findings = (
             metrics.filter(pl.col("failed"))
@@ -317,11 +371,13 @@ def run_scan(
                 pl.concat_list([pl.when(pl.col(n)).then(pl.lit(n)).otherwise(None) for n in checks_mod.CHECK_NAMES])
                 .list.drop_nulls()
                 .alias("reasons"),
+                "turns",
             )
         )
-        summary = _summary(ds, metrics, findings, spec, ctx, share, options, selected, tokens, time.perf_counter() - t0)
+        metrics = metrics.drop("turns")  # the flagged turns' indices live in findings.parquet
+        summary = _summary(ds, metrics, findings, spec, ctx, share, options, selected, tokens, time.perf_counter() - t0, turns)
         summary["fingerprint"] = fingerprint
-        summary["degenerate_templates"] = _templates(metrics, ds, spec, options.batch_rows, rows)
+        summary["degenerate_templates"] = _templates(metrics, turns, ds, spec, options.batch_rows, rows)
         metrics.write_parquet(work / "metrics.parquet", compression="zstd")
         findings.write_parquet(work / "findings.parquet", compression="zstd")
         from dqa.reports.scan_markdown import render_scan_markdown
@@ -351,15 +407,21 @@ def _summary(
     selected: list[str],
     tokens: int,
     elapsed: float,
+    turns: pl.DataFrame | None = None,
 ) -> dict[str, Any]:
     rows = metrics.height
     counts = metrics.select([pl.col(n).sum().alias(n) for n in checks_mod.CHECK_NAMES]).row(0, named=True)
+    turn_counts: dict[str, int] = {}
+    if turns is not None and turns.height:
+        turn_counts = turns.select([pl.col(n).sum().alias(n) for n in checks_mod.TURN_CHECKS]).row(0, named=True)
     primary = dict(metrics["primary_reason"].drop_nulls().value_counts().iter_rows())
     checks = {
         c.name: {
             "count": int(counts[c.name]),
             "share": counts[c.name] / rows,
             "primary": int(primary.get(c.name, 0)),
+            # flagged trained turns; None for a check that judges whole samples
+            "turns": None if c.turn_rule is None else int(turn_counts.get(c.name, 0)),
             "enabled": c.name in selected,
             "label": c.label,
             "flags_when": c.flags_when,
@@ -376,6 +438,8 @@ def _summary(
         "rows": rows,
         "tokens": tokens,
         "supervised_tokens": int(metrics["supervised_tokens"].sum()),
+        "turns": 0 if turns is None else turns.height,  # trained assistant turns
+        "multi_turn": bool((metrics["trained_turns"] >= 2).any()) if "trained_turns" in metrics.columns else False,
         "failing_rows": findings.height,
         "failing_share": findings.height / rows,
         "thinking_expected": ctx.thinking_expected,

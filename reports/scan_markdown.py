@@ -31,16 +31,20 @@ def render_scan_markdown(summary: dict[str, Any]) -> str:
         f"Thinking {'expected' if summary['thinking_expected'] else 'not expected'}"
         f" ({'inferred' if summary['thinking_inferred'] else 'given'}; {summary['thinking_share']:.1%} of samples think).",
         "",
-        "| check | samples | share | flags a sample when |",
-        "| --- | ---: | ---: | --- |",
     ]
+    multi = bool(summary.get("multi_turn"))  # a multi-turn set: flagged trained turns beside the samples
+    if multi:
+        lines += ["| check | samples | turns | share | flags a sample when |", "| --- | ---: | ---: | ---: | --- |"]
+    else:
+        lines += ["| check | samples | share | flags a sample when |", "| --- | ---: | ---: | --- |"]
     cause = root_cause(summary)
     ordered = checks_by_samples(summary)
     for name, c in ordered:
         mark = " ◀ root cause" if cause and name == cause[0] else ""
-        lines.append(f"| `{name}`{mark} | {c['count']:,} | {c['share']:.1%} | {md_escape(c['flags_when'], 400)} |")
+        turns = (" " + ("·" if c.get("turns") is None else f"{c['turns']:,}") + " |") if multi else ""
+        lines.append(f"| `{name}`{mark} | {c['count']:,} |{turns} {c['share']:.1%} | {md_escape(c['flags_when'], 400)} |")
     if not ordered:
-        lines.append("| (none) | 0 | 0.0% | every check passed |")
+        lines.append("| (none) | 0 |" + (" 0 |" if multi else "") + " 0.0% | every check passed |")
     if cause:
         lines += ["", f"◀ {root_cause_legend(*cause)}."]
     if summary.get("degenerate_templates"):

@@ -26,9 +26,12 @@ def print_scan_table(summary: dict[str, Any], out_dir: str, console: Console) ->
     table.add_column("check", style="bold", no_wrap=True, min_width=19)
     table.add_column("share", justify="right", no_wrap=True, min_width=6)
     table.add_column("samples", justify="right", no_wrap=True, min_width=7)
+    multi = bool(summary.get("multi_turn"))  # a multi-turn set: flagged trained turns beside the samples
+    if multi:
+        table.add_column("turns", justify="right", no_wrap=True, min_width=5)
     if root is not None:
         table.add_column("root cause", no_wrap=True)
-    detail_width = max(20, console.width - (61 if root else 48))  # what the other columns leave
+    detail_width = max(20, console.width - (61 if root else 48) - (8 if multi else 0))  # what the other columns leave
     table.add_column("detail", overflow="ellipsis", no_wrap=True, max_width=detail_width)
     templates = summary.get("degenerate_templates") or []
     for name, c in checks:
@@ -39,11 +42,13 @@ def print_scan_table(summary: dict[str, Any], out_dir: str, console: Console) ->
         detail = escape(detail)  # decoded sample text is data, not rich markup
         style = "red" if c["share"] >= 0.10 else "yellow"
         cells = [name, f"[{style}]{c['share']:.1%}[/]", f"{c['count']:,}"]
+        if multi:
+            cells.append("·" if c.get("turns") is None else f"{c['turns']:,}")  # "·": a whole-sample check
         if root is not None:
             cells.append(f"[bold]{ROOT_MARK} {root[1]:,}[/]" if name == root[0] else "")
         table.add_row(*cells, detail)
     if not checks:
-        table.add_row("[green]all checks[/]", "0.0%", "0", "no sample flagged")
+        table.add_row("[green]all checks[/]", "0.0%", "0", *(["0"] if multi else []), "no sample flagged")
     console.print(table)
     if root is not None:
         console.print(f"{ROOT_MARK} {root_cause_legend(*root)}", markup=False, highlight=False)

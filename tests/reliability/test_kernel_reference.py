@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dqa.audit.chat_format import ChatFormat
-from dqa.audit.kernels import NGRAM, SAMPLE_RATE, EXACT_MIN_POSITIONS, KernelTables, batch_metrics
+from dqa.audit.kernels import NGRAM, SAMPLE_RATE, EXACT_MIN_POSITIONS, TURN_COLUMNS, KernelTables, batch_metrics_and_turns
 from dqa.audit.readers import open_dataset
 from dqa.audit.template import qwen3_preset
 
@@ -117,7 +117,8 @@ def reference_row(t: list[int], sup: list[int], convention: str, spec: ChatForma
     # Supervised tokens inside assistant turns: header end .. end of turn (+ what follows it), cut at the next turn opener.
     inside = 0
     trained_turns = 0
-    for hp in headers:
+    turns = []
+    for k, hp in enumerate(headers):
         a = hp + h
         e = next((i for i in range(a, L) if t[i] == eot), None)
         b = L if e is None else e + 1
@@ -132,6 +133,8 @@ def reference_row(t: list[int], sup: list[int], convention: str, spec: ChatForma
             b = min(b, nxt)
         inside += sum(m[a:b])
         trained_turns += sum(m[a:b]) > 0
+        if sum(m[a:b]):
+            turns.append(reference_turn(t, m, spec, k, len(headers), hp, a, b, closed=e is not None and (nxt is None or e < nxt)))
 
     seq = [t[i] for i in sup_pos]
     return {
@@ -153,8 +156,49 @@ def reference_row(t: list[int], sup: list[int], convention: str, spec: ChatForma
         "trained_turns": trained_turns,
         "post_eot_trained": post_eot_trained,
         "think_open_trained": think_open_trained,
+        "_turns": turns,
         "_supervised_seq": tuple(seq),
         "_prompt_seq": tuple(t[i] for i in range(L) if not m[i]),
+    }
+
+
+def ends_at_eot(t: list[int], j: int, spec: ChatFormat) -> bool:
+    """The supervised span whose last position is ``j`` ends at end of turn (FORMATS.md, ``truncated``)."""
+    eot, post, L = spec.eot, list(spec.post_eot), len(t)
+    if t[j] == eot or (j + 1 < L and t[j + 1] == eot):
+        return True
+    return any(j - k >= 0 and t[j - k] == eot and t[j - k + 1:j + 1] == post[:k] for k in range(1, len(post) + 1))
+
+
+def reference_turn(t: list[int], m: list[int], spec: ChatFormat, k: int, n_headers: int, hp: int, a: int, b: int, closed: bool) -> dict:
+    """The per-turn metrics of the trained assistant turn ``k`` (header at ``hp``, region ``[a, b)``)."""
+    boiler = spec.boilerplate
+    opens = [i for i in range(a, b) if t[i] == spec.think_open]
+    present = bool(opens)
+    think_closed, thinking = False, 0
+    if present:
+        closes = [i for i in range(opens[0] + 1, b) if t[i] == spec.think_close]
+        think_closed = bool(closes)
+        stop = closes[0] if closes else b
+        thinking = sum(1 for i in range(opens[0] + 1, stop) if t[i] not in boiler)
+    last = max(i for i in range(a, b) if m[i])
+    before = [i for i in range(hp) if t[i] in set(spec.turn_openers)]  # the question: from the role token before the header
+    ask = before[-1] if before else 0
+    return {
+        "turn": k,
+        "supervised_tokens": sum(m[a:b]),
+        "content_tokens": sum(1 for i in range(a, b) if m[i] and t[i] not in boiler),
+        "thinking_tokens": thinking,
+        "think_present": present,
+        "think_closed": think_closed,
+        "turn_closed": closed,
+        "last_supervised_eot": ends_at_eot(t, last, spec),
+        "final_turn": k == n_headers - 1,
+        "keeps_reasoning": k == n_headers - 1 or spec.drops_history_reasoning is False,
+        "span_start": a,
+        "span_end": b,
+        "_seq": tuple(t[i] for i in range(a, b) if m[i]),
+        "_prompt": tuple(t[i] for i in range(ask, hp) if not m[i]),
     }
 
 
@@ -282,13 +326,17 @@ def write(case, path: Path) -> None:
 
 
 def kernel_metrics(path: Path, batch_rows: int, max_tokens: int, tables: KernelTables = TABLES) -> tuple[dict[str, np.ndarray], list[int]]:
-    """All batches' metrics concatenated, and the start rows of the batches."""
+    """All batches' metrics concatenated (the per-turn ones under ``turn.NAME``), and the start rows of the batches."""
     ds = open_dataset(path)
-    parts, starts = [], []
+    parts, turn_parts, starts = [], [], []
     for b in ds.batches(batch_rows=batch_rows, max_tokens=max_tokens):
         starts.append(b.start_row)
-        parts.append(batch_metrics(b, tables))
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, starts
+        m, turns = batch_metrics_and_turns(b, tables)
+        parts.append(m)
+        turn_parts.append(turns)
+    out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    out.update({f"turn.{k}": np.concatenate([p[k] for p in turn_parts]) for k in TURN_COLUMNS})
+    return out, starts
 
 
 # ------------------------------------------------------------------------- properties
@@ -307,6 +355,22 @@ def check_against_reference(case, got: dict[str, np.ndarray], spec: ChatFormat =
         bad = [i for i, (a, b) in enumerate(zip(want, have)) if a != b]
         assert not bad, f"{col}: row {bad[0]} kernel {have[bad[0]]} != reference {want[bad[0]]}; row {case['rows'][bad[0]]}"
     np.testing.assert_allclose(got["ngram_repeat_share"], [r["ngram_repeat_share"] for r in ref], rtol=0, atol=1e-12)
+    # Per trained turn, in row then turn order.
+    ref_turns = [dict(tr, row=i) for i, r in enumerate(ref) for tr in r["_turns"]]
+    for col in [c for c in TURN_COLUMNS if c not in ("supervised_hash", "prompt_hash")]:
+        want = [tr[col] for tr in ref_turns]
+        have = got[f"turn.{col}"].tolist()
+        assert have == want, f"turn {col}: kernel {have} != reference {want}"
+    # Turn hashes: equal exactly when the sequences are, and in the same family as the samples' hashes.
+    th, tp = got["turn.supervised_hash"].tolist(), got["turn.prompt_hash"].tolist()
+    sample_hashes, sample_seqs = got["supervised_hash"].tolist(), [r["_supervised_seq"] for r in ref]
+    for i, tr in enumerate(ref_turns):
+        assert th[i] != 0
+        for j in range(i):
+            assert (th[i] == th[j]) == (tr["_seq"] == ref_turns[j]["_seq"]), f"turn hashes {j} and {i}"
+            assert (tp[i] == tp[j]) == (tr["_prompt"] == ref_turns[j]["_prompt"]), f"turn prompt hashes {j} and {i}"
+        for r, seq in enumerate(sample_seqs):
+            assert (th[i] == sample_hashes[r]) == (tr["_seq"] == seq), f"turn {i} against row {r}"
     # Hashes: equal exactly when the sequences are equal; 0 exactly when the sequence is empty.
     for col, key in (("supervised_hash", "_supervised_seq"), ("prompt_hash", "_prompt_seq")):
         hashes = got[col].tolist()
