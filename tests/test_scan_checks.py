@@ -11,18 +11,9 @@ import random
 import polars as pl
 import pytest
 
-from chatdata import END_THINK, IM_END, IM_START, NLNL, THINK, conversation, render, to_labels, write_parquet
+from chatdata import END_THINK, IM_END, IM_START, NLNL, THINK, conversation, render, sentence, to_labels, write_parquet
 from dqa.audit.scan import ScanOptions, run_scan
 
-WORDS = (
-    "river mountain quantum garden lattice vector proof sequence harbor signal matrix ledger orbit "
-    "prime theorem canvas engine cipher bridge forest glacier carbon neuron spectrum kernel tensor "
-    "compiler socket packet vertex polygon median variance fossil comet nebula delta estuary"
-).split()
-
-
-def sentence(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n)).capitalize() + "."
 
 
 def good_rows(n: int, seed: int = 0) -> list[tuple[list[int], list[int]]]:

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from chatdata import conversation, render, to_labels
+from refusals import assert_scan_refused
 from test_scan_checks import good_rows
 
 OK_ROWS = 12
@@ -114,37 +115,23 @@ def test_outputs_are_written(cli, rows, tmp_path):
 # --- bad input: exit 2, one line naming the problem, no output ---------------------------
 
 
-def _bad(cli, tmp_path, path, *needles, extra=()):
-    out = tmp_path / "bad-out"
-    result = cli("scan", path, "--out", out, *extra)
-    assert result.exit_code == 2, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("dqa: error: "), result.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    assert "Traceback" not in result.stderr
-    assert not out.exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
-    return lines[0]
-
-
 def test_missing_path(cli, tmp_path):
-    _bad(cli, tmp_path, tmp_path / "nope.parquet", "nope.parquet", "no such file")
+    assert_scan_refused(cli, tmp_path, tmp_path / "nope.parquet", "nope.parquet", "no such file")
 
 
 def test_unknown_format(cli, tmp_path):
     (tmp_path / "d.csv").write_text("a,b\n")
-    _bad(cli, tmp_path, tmp_path / "d.csv", "d.csv", "unknown format")
+    assert_scan_refused(cli, tmp_path, tmp_path / "d.csv", "d.csv", "unknown format")
 
 
 def test_no_supervision_column(cli, rows, tmp_path):
     pq.write_table(table_of(rows).drop(["loss_mask"]), tmp_path / "d.parquet")
-    _bad(cli, tmp_path, tmp_path / "d.parquet", "d.parquet", "loss_mask", "labels")
+    assert_scan_refused(cli, tmp_path, tmp_path / "d.parquet", "d.parquet", "loss_mask", "labels")
 
 
 def test_wrong_column_type(cli, tmp_path):
     pq.write_table(pa.table({"input_ids": ["a b c"], "loss_mask": [[0, 1]]}), tmp_path / "d.parquet")
-    _bad(cli, tmp_path, tmp_path / "d.parquet", "'input_ids'", "list of integer")
+    assert_scan_refused(cli, tmp_path, tmp_path / "d.parquet", "'input_ids'", "list of integer")
 
 
 def test_null_inside_a_list_names_the_row(cli, rows, tmp_path):
@@ -152,7 +139,7 @@ def test_null_inside_a_list_names_the_row(cli, rows, tmp_path):
     ids[5] = ids[5][:3] + [None] + ids[5][4:]
     t = table_of(rows).set_column(1, "input_ids", pa.array(ids, type=pa.list_(pa.int32())))
     pq.write_table(t, tmp_path / "d.parquet")
-    _bad(cli, tmp_path, tmp_path / "d.parquet", "'input_ids'", "row 5", "null")
+    assert_scan_refused(cli, tmp_path, tmp_path / "d.parquet", "'input_ids'", "row 5", "null")
 
 
 def test_null_list_names_the_row(cli, rows, tmp_path):
@@ -160,7 +147,7 @@ def test_null_list_names_the_row(cli, rows, tmp_path):
     masks[7] = None
     t = table_of(rows).set_column(2, "loss_mask", pa.array(masks, type=pa.list_(pa.int8())))
     pq.write_table(t, tmp_path / "d.parquet")
-    _bad(cli, tmp_path, tmp_path / "d.parquet", "'loss_mask'", "row 7")
+    assert_scan_refused(cli, tmp_path, tmp_path / "d.parquet", "'loss_mask'", "row 7")
 
 
 def test_mask_values_must_be_zero_or_one(cli, rows, tmp_path):
@@ -168,39 +155,39 @@ def test_mask_values_must_be_zero_or_one(cli, rows, tmp_path):
     masks[3][2] = 2
     t = table_of(rows).set_column(2, "loss_mask", pa.array(masks, type=pa.list_(pa.int8())))
     pq.write_table(t, tmp_path / "d.parquet")
-    _bad(cli, tmp_path, tmp_path / "d.parquet", "row 3", "expected 0 or 1")
+    assert_scan_refused(cli, tmp_path, tmp_path / "d.parquet", "row 3", "expected 0 or 1")
 
 
 def test_negative_and_out_of_vocabulary_ids(cli, rows, tmp_path):
     ids = [list(r[0]) for r in rows]
     ids[4][1] = -7
     pq.write_table(table_of(rows).set_column(1, "input_ids", pa.array(ids, type=pa.list_(pa.int32()))), tmp_path / "n.parquet")
-    _bad(cli, tmp_path, tmp_path / "n.parquet", "row 4", "negative")
+    assert_scan_refused(cli, tmp_path, tmp_path / "n.parquet", "row 4", "negative")
     ids[4][1] = 10
     ids[9][0] = 200_000
     pq.write_table(table_of(rows).set_column(1, "input_ids", pa.array(ids, type=pa.list_(pa.int32()))), tmp_path / "v.parquet")
-    _bad(cli, tmp_path, tmp_path / "v.parquet", "row 9", "vocabulary")
+    assert_scan_refused(cli, tmp_path, tmp_path / "v.parquet", "row 9", "vocabulary")
 
 
 def test_empty_dataset(cli, rows, tmp_path):
     pq.write_table(table_of(rows).slice(0, 0), tmp_path / "d.parquet")
-    _bad(cli, tmp_path, tmp_path / "d.parquet", "no rows")
+    assert_scan_refused(cli, tmp_path, tmp_path / "d.parquet", "no rows")
     (tmp_path / "e.jsonl").write_text("")
-    _bad(cli, tmp_path, tmp_path / "e.jsonl", "e.jsonl")
+    assert_scan_refused(cli, tmp_path, tmp_path / "e.jsonl", "e.jsonl")
 
 
 def test_truncated_parquet(cli, rows, tmp_path):
     pq.write_table(table_of(rows), tmp_path / "d.parquet")
     data = (tmp_path / "d.parquet").read_bytes()
     (tmp_path / "t.parquet").write_bytes(data[: len(data) // 2])
-    _bad(cli, tmp_path, tmp_path / "t.parquet", "t.parquet", "unreadable")
+    assert_scan_refused(cli, tmp_path, tmp_path / "t.parquet", "t.parquet", "unreadable")
 
 
 def test_jsonl_bad_line_is_named(cli, rows, tmp_path):
     lines = [json.dumps({"input_ids": ids, "loss_mask": m}) for ids, m in rows[:5]]
     lines.insert(3, '{"input_ids": [1, 2, 3], "loss_mask": [0, 1')
     (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
-    _bad(cli, tmp_path, tmp_path / "d.jsonl", "d.jsonl", "line 4")
+    assert_scan_refused(cli, tmp_path, tmp_path / "d.jsonl", "d.jsonl", "line 4")
 
 
 def test_mixed_conventions_across_shards(cli, rows, tmp_path):
@@ -209,17 +196,17 @@ def test_mixed_conventions_across_shards(cli, rows, tmp_path):
     pq.write_table(
         pa.table({"input_ids": [r[0] for r in rows[10:]], "labels": [to_labels(*r) for r in rows[10:]]}), tmp_path / "mix" / "b.parquet"
     )
-    _bad(cli, tmp_path, tmp_path / "mix", "b.parquet", "mix conventions")
+    assert_scan_refused(cli, tmp_path, tmp_path / "mix", "b.parquet", "mix conventions")
 
 
 def test_bad_options(cli, rows, tmp_path):
     pq.write_table(table_of(rows), tmp_path / "d.parquet")
-    _bad(cli, tmp_path, tmp_path / "d.parquet", "unknown check", extra=("--checks", "no_such_check"))
-    _bad(cli, tmp_path, tmp_path / "d.parquet", "--set", extra=("--set", "short_response=3"))
-    _bad(cli, tmp_path, tmp_path / "d.parquet", "no parameter", extra=("--set", "short_response.nope=3"))
-    _bad(cli, tmp_path, tmp_path / "d.parquet", "tokenizer", extra=("--tokenizer", str(tmp_path)))
+    assert_scan_refused(cli, tmp_path, tmp_path / "d.parquet", "unknown check", extra=("--checks", "no_such_check"))
+    assert_scan_refused(cli, tmp_path, tmp_path / "d.parquet", "--set", extra=("--set", "short_response=3"))
+    assert_scan_refused(cli, tmp_path, tmp_path / "d.parquet", "no parameter", extra=("--set", "short_response.nope=3"))
+    assert_scan_refused(cli, tmp_path, tmp_path / "d.parquet", "tokenizer", extra=("--tokenizer", str(tmp_path)))
     (tmp_path / "c.toml").write_text("[checks.short_response\n")
-    _bad(cli, tmp_path, tmp_path / "d.parquet", "c.toml", "TOML", extra=("--config", str(tmp_path / "c.toml")))
+    assert_scan_refused(cli, tmp_path, tmp_path / "d.parquet", "c.toml", "TOML", extra=("--config", str(tmp_path / "c.toml")))
 
 
 def test_config_file_overrides_thresholds(cli, rows, tmp_path):
@@ -335,7 +322,7 @@ def test_template_text_that_looks_like_rich_markup_is_printed_verbatim(cli, tmp_
 def test_malformed_dataset_dict_is_an_input_error(cli, tmp_path):
     (tmp_path / "dd").mkdir()
     (tmp_path / "dd" / "dataset_dict.json").write_text("{not json")
-    _bad(cli, tmp_path, tmp_path / "dd", "dataset_dict.json")
+    assert_scan_refused(cli, tmp_path, tmp_path / "dd", "dataset_dict.json")
 
 
 def test_a_tokenizer_folder_gives_the_same_findings_as_the_preset(cli, rows, tmp_path):
