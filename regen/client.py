@@ -4,13 +4,20 @@
 the reply's ``output_ids`` are kept as is (token-exact).
 
 ``openai``: ``POST /v1/chat/completions`` with ``messages`` decoded from the
-prompt tokens and ``chat_template_kwargs: {"enable_thinking": true}``; the
-reply (``reasoning_content`` + ``content``) is rendered back into tokens with
-the tokenizer's chat template, and the rendered prompt part must equal the
-prompt tokens. The output tokens are a text round trip, so whitespace the
-server trimmed is lost; use ``sglang`` for token-exact output. Output token
-counts everywhere are the rendered tokens that go into the shard, not the
-reply's ``usage``.
+prompt tokens and ``chat_template_kwargs: {"enable_thinking": true}``. Token-exact
+where the server allows it (SGLang 0.5.23: SGLANG.md): the body also carries the
+prompt as ``input_ids`` (the server then skips its chat template; ``messages`` only
+give the stop tokens) and ``"return_token_ids": true``, and the reply's
+``choices[0].response_token_ids`` are kept as they are, like ``/generate``'s
+``output_ids`` (the stop token included), when its ``prompt_token_ids`` are the
+prompt sent. Otherwise (another server, an older SGLang: unknown chat fields are
+ignored there, or refused with a 400/422 naming them) the text round trip: the
+reply (``reasoning_content`` + ``content``) is rendered back into tokens with the
+tokenizer's chat template, and the rendered prompt part must equal the prompt
+tokens; whitespace the server trimmed is lost. Which route an endpoint takes is
+decided at start-up (``server_probe``: a one-token probe request) or by its first
+reply, per endpoint (``OpenAIProtocol.routes``). Output token counts everywhere
+are the tokens that go into the shard, not the reply's ``usage``.
 
 A call returns an ``Outcome``; it never raises for server behaviour. The
 ``kind`` says what the dispatcher does next (see SGLANG.md, client rules):
@@ -42,6 +49,11 @@ RETRY = "retry"
 FAIL = "fail"
 FATAL = "fatal"
 
+# The two routes of the openai protocol (run.json: servers[url].openai_route).
+TOKEN_EXACT = "token-exact"
+TEXT = "text"
+TOKEN_FIELDS = ("input_ids", "return_token_ids")  # the token-exact route's request fields
+
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 # Statuses that say the endpoint itself is in trouble (count towards taking it out).
 ENDPOINT_FAULT_STATUS = frozenset({500, 502, 503, 504})
@@ -62,6 +74,7 @@ class Outcome:
     error: str | None = None
     endpoint_fault: bool = False
     refused: bool = False
+    route: str = ""  # openai: TOKEN_EXACT or TEXT, the route the reply took ("" when not known)
 
 
 @dataclass
@@ -235,23 +248,62 @@ class SglangProtocol:
 
 
 class OpenAIProtocol:
-    """OpenAI-compatible ``/v1/chat/completions`` with thinking on, rendered back into tokens.
+    """OpenAI-compatible ``/v1/chat/completions`` with thinking on: token-exact where the server
+    takes ``input_ids`` and returns ``response_token_ids``, else rendered back into tokens.
 
-    ``tokenizer`` is a transformers tokenizer with the model's chat template.
-    Optional fields some servers reject as unknown (``top_k``, ``rid``) are
-    dropped per endpoint when a server answers that they are unexpected.
+    ``tokenizer`` is a transformers tokenizer with the model's chat template. Optional fields
+    some servers reject as unknown (``top_k``, ``rid``, and the token-exact ``input_ids`` /
+    ``return_token_ids``) are dropped per endpoint when a server answers that they are
+    unexpected. ``token_ids=False`` never asks for the token-exact route.
+
+    ``routes`` maps an endpoint's chat URL to ``TOKEN_EXACT`` or ``TEXT`` once known: from the
+    start-up probe (``use_facts``) or from the endpoint's first reply. An endpoint not known yet is
+    asked token-exact; a reply without ``response_token_ids`` (a server that ignores the fields)
+    is rendered from its text, and the endpoint is sent text requests from then on.
     """
 
     name = "openai"
     path = "/v1/chat/completions"
-    OPTIONAL = ("top_k", "rid")
+    OPTIONAL = ("top_k", "rid") + TOKEN_FIELDS
 
-    def __init__(self, sampling: Sampling, tokenizer, turn_start: int, eot: int, model: str | None = None):
+    def __init__(self, sampling: Sampling, tokenizer, turn_start: int, eot: int, model: str | None = None, token_ids: bool = True):
         self.sampling = sampling
         self.tokenizer = tokenizer
         self.turn_start = turn_start
         self.eot = eot
         self.model = model or ""
+        self.token_ids = token_ids
+        self.routes: dict[str, str] = {}
+        self._facts: dict[str, Any] = {}  # chat URL -> ServerFacts, updated when a reply teaches the route
+
+    def use_facts(self, facts: dict[str, Any]) -> None:
+        """Take the start-up probe's findings (``{base URL: ServerFacts | None}``, see
+        ``server_probe.preflight``): an endpoint whose ``token_ids`` is known gets that route; the
+        facts objects are kept and their ``token_ids`` updated when a reply says otherwise."""
+        for url, f in facts.items():
+            if f is None:
+                continue
+            key = url.rstrip("/") + self.path
+            self._facts[key] = f
+            if f.token_ids is not None:
+                self.routes[key] = TOKEN_EXACT if (f.token_ids and self.token_ids) else TEXT
+
+    def learn(self, url: str, route: str) -> None:
+        """Record that the endpoint at ``url`` (its chat URL) answered by ``route``."""
+        if route not in (TOKEN_EXACT, TEXT) or self.routes.get(url) == route:
+            return
+        if route == TEXT and self.routes.get(url) == TOKEN_EXACT:
+            return  # one odd reply does not demote an endpoint that answered token-exact
+        self.routes[url] = route
+        f = self._facts.get(url)
+        if f is not None:
+            f.token_ids = route == TOKEN_EXACT
+
+    def extras_for(self, url: str) -> frozenset[str]:
+        """The fields not to send to ``url``: the token-exact ones where it takes the text route."""
+        if not self.token_ids or self.routes.get(url) == TEXT:
+            return frozenset(TOKEN_FIELDS)
+        return frozenset()
 
     def messages(self, job: Job) -> list[dict]:
         from dqa.regen.prompts import chatml_messages
@@ -276,6 +328,11 @@ class OpenAIProtocol:
             payload["top_k"] = s.top_k
         if "rid" not in extras_off:
             payload["rid"] = f"{job.key}:{attempt}"
+        if self.token_ids and not extras_off.intersection(TOKEN_FIELDS):
+            # SGLang 0.5.23: the prompt as token ids (no chat template on the server; messages still
+            # give the stop tokens) and the output as token ids.
+            payload["input_ids"] = job.prompt.tolist()
+            payload["return_token_ids"] = True
         return json.dumps(payload).encode()
 
     @classmethod
@@ -300,6 +357,12 @@ class OpenAIProtocol:
             return Outcome(FAIL, error=f"reply has no choices[0]: {_short(obj, 120)}")
         if finish == "abort":
             return Outcome(RETRY, finish_reason="abort", error="aborted by server")
+        exact = self.token_exact_ids(choice, job)
+        if isinstance(exact, Outcome):
+            return exact
+        if exact is not None:
+            kind = LENGTH if finish == "length" else OK
+            return Outcome(kind, output_ids=exact, finish_reason=finish or "stop", route=TOKEN_EXACT)
         content = message.get("content") or ""
         reasoning = message.get("reasoning_content")
         if reasoning is None:
@@ -311,7 +374,28 @@ class OpenAIProtocol:
         kind = LENGTH if finish == "length" else OK
         # The rendered ids are what the shard records; every figure (live display, progress.json,
         # report) counts them, not the server's `usage` (which may count differently).
-        return Outcome(kind, output_ids=ids, finish_reason=finish or "stop")
+        return Outcome(kind, output_ids=ids, finish_reason=finish or "stop", route=TEXT)
+
+    def token_exact_ids(self, choice: dict, job: Job) -> np.ndarray | Outcome | None:
+        """The reply's ``response_token_ids`` when the server answered token-exact: a flat list of
+        ids, and ``prompt_token_ids`` (when given) equal to the prompt sent. ``None`` when the reply
+        has none, or its prompt differs (a server that ignored ``input_ids`` and rendered the
+        messages itself): the text round trip then applies. A malformed list is a failed ``Outcome``."""
+        out = choice.get("response_token_ids")
+        if out is None:
+            return None
+        finish = choice.get("finish_reason") or ""
+        try:
+            ids = np.asarray(out, dtype=np.int32)
+        except (TypeError, ValueError, OverflowError):
+            return Outcome(FAIL, finish_reason=finish, error="response_token_ids are not token ids")
+        if ids.ndim != 1:
+            return Outcome(FAIL, finish_reason=finish, error="response_token_ids are not a flat list")
+        prompt = choice.get("prompt_token_ids")
+        if prompt is not None and (not isinstance(prompt, list) or len(prompt) != job.prompt.size
+                                   or not np.array_equal(np.asarray(prompt, dtype=np.int64), job.prompt)):
+            return None
+        return ids
 
     def render_output(self, job: Job, content: str, reasoning: str | None, finish: str) -> np.ndarray:
         """Render prompt messages + the reply with the chat template; return the tokens after the prompt.
@@ -362,6 +446,9 @@ async def call(
     """
     import aiohttp
 
+    openai = isinstance(protocol, OpenAIProtocol)
+    if openai:
+        extras_off = extras_off | protocol.extras_for(url)
     try:
         body = protocol.body(job, attempt, extras_off, max_new)
     except ValueError as exc:
@@ -377,13 +464,19 @@ async def call(
     except (aiohttp.ClientError, OSError) as exc:
         return Outcome(RETRY, error=f"connection error: {type(exc).__name__}: {_short(exc, 160)}", endpoint_fault=True), frozenset()
     if status != 200:
-        if isinstance(protocol, OpenAIProtocol):
+        if openai:
             rejected = protocol.rejected_extras(status, raw) - extras_off
             if rejected:
+                if rejected.intersection(TOKEN_FIELDS):
+                    protocol.learn(url, TEXT)  # refused: this endpoint takes the text route
+                    rejected = rejected | frozenset(TOKEN_FIELDS)
                 return Outcome(RETRY, error=f"HTTP {status}: server rejects {sorted(rejected)}"), rejected
         return classify_status(status, raw), frozenset()
     try:
         obj = json.loads(raw)
     except ValueError:
         return Outcome(RETRY, error=f"reply is not JSON: {_short(raw[:120])}", endpoint_fault=True), frozenset()
-    return protocol.parse(obj, job), frozenset()
+    outcome = protocol.parse(obj, job)
+    if openai and outcome.route and not extras_off.intersection(TOKEN_FIELDS):
+        protocol.learn(url, outcome.route)  # asked token-exact: the reply says whether the server is
+    return outcome, frozenset()

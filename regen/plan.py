@@ -20,6 +20,24 @@ from a scan, GPU count from a fleet file, optional calibration run, scenarios) a
 
     >>> round(make_plan(PlanInputs(samples=914_000, avg_output_tokens=2_500, tok_per_s=1_600)).plans[0].wall_days, 1)
     16.5
+
+Turns: from a scan (``--findings``), the selection is counted in assistant turns too, for each
+way ``dqa regen --turns`` regenerates (``count_turns``): ``flagged`` (the default: from a sample's
+first flagged turn to its last turn, since every later turn follows from a regenerated history;
+its final turn when only whole-sample checks flag it),
+``all`` (every assistant turn) and ``last`` (one per sample).
+
+Offline hidden states (``hidden_state_storage``), what a drafter (EAGLE-3, DFlash) trains on when
+they are extracted ahead of training rather than online::
+
+    bytes = tokens x hidden_size x (aux_layers + 1) x bytes_per_value
+
+``hidden_size`` and the dtype come from the model's ``config.json`` (``text_config`` for a
+multimodal model such as Qwen3.5/3.6); ``aux_layers`` is 3 by default (EAGLE-3 as SpecForge and
+speculators capture it: three auxiliary layers plus the final hidden state). The tokens are those of
+the whole training set, because training stores a hidden state for every token of every sample.
+The seed: 914,000 x 2,500 tokens x 5,120 (Qwen3.6-27B) x 4 x 2 bytes (bf16) = 93.6 TB (85.1 TiB),
+the "~90 TB" that forced online training.
 """
 
 from __future__ import annotations
@@ -34,6 +52,11 @@ from .http_probe import answers_ok
 
 SECONDS_PER_HOUR = 3600.0
 SECONDS_PER_DAY = 86400.0
+TURN_MODES = ("flagged", "all", "last")
+DEFAULT_AUX_LAYERS = 3  # EAGLE-3 (SpecForge, speculators): three auxiliary layers, plus the final one
+# Bytes per value of a hidden state by config dtype; FP8/INT checkpoints still compute (and so
+# store) activations in their compute dtype, named by torch_dtype/dtype (bfloat16 for them all).
+DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "float16": 2, "half": 2, "fp16": 2, "bfloat16": 2, "bf16": 2}
 
 
 @dataclass(frozen=True)
@@ -187,6 +210,255 @@ def count_findings(path: str | Path) -> int:
     if "row" not in pf.schema_arrow.names:
         raise InputError(f"{file}: column 'row' missing; expected a dqa scan findings.parquet (row, id, reasons)")
     return int(pf.metadata.num_rows)
+
+
+def _findings_file(path: str | Path) -> Path:
+    path = Path(path)
+    return path / "findings.parquet" if path.is_dir() else path
+
+
+@dataclass(frozen=True)
+class TurnCounts:
+    """The selection in assistant turns, for each ``dqa regen --turns`` mode.
+
+    ``flagged``: from each sample's first flagged turn to its last assistant turn (a sample flagged
+    only by whole-sample checks, with no flagged turn, counts its final turn, as regen sends it); ``all``: every
+    assistant turn of the selected samples; ``last``: one per sample that has an assistant turn;
+    ``flagged_turns``: the turns the per-turn checks flagged. ``None`` where the scan's
+    ``metrics.parquet`` (the samples' turn counts) is missing. ``mode`` is the one planned for.
+    """
+
+    mode: str
+    samples: int
+    flagged_turns: int
+    flagged: int | None
+    all: int | None
+    last: int | None
+    multi_turn: bool | None
+
+    @property
+    def selected(self) -> int | None:
+        """The turns of ``mode``."""
+        return {"flagged": self.flagged, "all": self.all, "last": self.last}[self.mode]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (``selected``: the turns of ``mode``)."""
+        return {**asdict(self), "selected": self.selected}
+
+
+def count_turns(path: str | Path, mode: str = "flagged") -> TurnCounts | None:
+    """Count the failing samples of a scan (``path``: the folder or its findings.parquet) in turns.
+
+    Reads ``findings.parquet`` (``row``, ``turns``) and, next to it, ``metrics.parquet``
+    (``row``, ``assistant_turns``). Returns ``None`` for a scan made before findings had a
+    ``turns`` column. Raises ``UsageError`` for an unknown ``mode`` and ``InputError`` for an
+    unreadable file.
+    """
+    import polars as pl
+    import pyarrow.parquet as pq
+
+    if mode not in TURN_MODES:
+        raise UsageError(f"--turns {mode!r}: expected one of {', '.join(TURN_MODES)}")
+    file = _findings_file(path)
+    try:
+        if "turns" not in pq.ParquetFile(file).schema_arrow.names:
+            return None
+        found = pl.read_parquet(file, columns=["row", "turns"])
+    except Exception as exc:  # pyarrow/polars raise several types for a bad file
+        raise InputError(f"{file}: cannot read its turns ({exc})") from None
+    per = found.select(
+        pl.col("row").cast(pl.Int64),
+        pl.col("turns").list.min().cast(pl.Int64).alias("first"),
+        pl.col("turns").list.len().cast(pl.Int64).alias("n"),
+    )
+    flagged_turns = int(per["n"].sum() or 0)
+    metrics_file = file.parent / "metrics.parquet"
+    flagged = all_turns = last = multi = None
+    if metrics_file.is_file():
+        try:
+            names = pq.ParquetFile(metrics_file).schema_arrow.names
+            cols = ["row", "assistant_turns"]
+            m = pl.read_parquet(metrics_file, columns=cols) if all(c in names for c in cols) else None
+        except Exception as exc:
+            raise InputError(f"{metrics_file}: cannot read its turn counts ({exc})") from None
+        if m is not None:
+            j = per.join(m.select(pl.col("row").cast(pl.Int64), pl.col("assistant_turns").cast(pl.Int64)), on="row", how="left")
+            a = pl.col("assistant_turns").fill_null(0)
+            # As regen's --turns flagged: from the first flagged turn to the last; no flagged turn (only
+            # whole-sample checks flag it) or one past the sample's turns: the final turn alone.
+            first = pl.col("first")
+            span = pl.when(first.is_null() | (first >= a)).then((a > 0).cast(pl.Int64)).otherwise(a - first)
+            out = j.select(
+                span.sum().alias("flagged"),
+                a.sum().alias("all"),
+                (a > 0).sum().alias("last"),
+                (a >= 2).any().alias("multi"),
+            ).row(0, named=True)
+            flagged, all_turns, last, multi = int(out["flagged"] or 0), int(out["all"] or 0), int(out["last"] or 0), bool(out["multi"])
+    return TurnCounts(mode=mode, samples=per.height, flagged_turns=flagged_turns, flagged=flagged, all=all_turns, last=last, multi_turn=multi)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What ``config.json`` says about the hidden states: width, depth and dtype."""
+
+    config: str
+    hidden_size: int
+    num_hidden_layers: int | None
+    dtype: str
+    dtype_from_config: bool
+    bytes_per_value: int
+
+
+def read_model_config(path: str | Path) -> ModelShape:
+    """Read ``hidden_size``, ``num_hidden_layers`` and ``torch_dtype``/``dtype`` from a model's
+    ``config.json`` (``path``: the model folder or the file). A multimodal config (Qwen3.5/3.6,
+    ``*ForConditionalGeneration``) keeps them in ``text_config``, which wins over the top level.
+    A config without a dtype is taken as bfloat16 (said in ``dtype_from_config``).
+
+    Raises ``InputError`` naming the file and the missing or bad field.
+    """
+    import json
+
+    path = Path(path)
+    file = path / "config.json" if path.is_dir() else path
+    if not file.is_file():
+        raise InputError(f"{file}: no config.json (--model takes the model folder or its config.json)")
+    try:
+        cfg = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"{file}: not a readable JSON config ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise InputError(f"{file}: expected a JSON object (a transformers config.json)")
+    scopes = [cfg[k] for k in ("text_config", "llm_config", "language_config") if isinstance(cfg.get(k), dict)] + [cfg]
+
+    def first(*keys: str) -> tuple[Any, str | None]:
+        for scope in scopes:
+            for k in keys:
+                if scope.get(k) is not None:
+                    return scope[k], k
+        return None, None
+
+    hidden, _ = first("hidden_size", "n_embd", "d_model")
+    if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1:
+        raise InputError(f"{file}: no positive integer hidden_size (top level or text_config); got {hidden!r}")
+    layers, _ = first("num_hidden_layers", "n_layer", "num_layers")
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+        layers = None
+    dtype, _ = first("torch_dtype", "dtype")
+    from_config = isinstance(dtype, str) and bool(dtype)
+    name = str(dtype).removeprefix("torch.").lower() if from_config else "bfloat16"
+    if name not in DTYPE_BYTES:
+        raise InputError(f"{file}: dtype {dtype!r} is not a float type dqa knows ({', '.join(sorted(set(DTYPE_BYTES)))})")
+    return ModelShape(str(file), hidden, layers, name, from_config, DTYPE_BYTES[name])
+
+
+@dataclass(frozen=True)
+class HiddenStateStorage:
+    """The disk an offline hidden-state extraction needs: ``tokens x hidden_size x layers x
+    bytes_per_value`` bytes, ``layers = aux_layers + 1`` (the final hidden state too).
+    ``tokens_basis`` says which tokens were counted."""
+
+    tokens: float
+    tokens_basis: str
+    hidden_size: int
+    num_hidden_layers: int | None
+    aux_layers: int
+    layers: int
+    dtype: str
+    dtype_from_config: bool
+    bytes_per_value: int
+    bytes: float
+    terabytes: float
+    tebibytes: float
+    config: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One line for people."""
+        dtype = self.dtype if self.dtype_from_config else f"{self.dtype}, assumed: config.json names no dtype"
+        return (
+            f"offline hidden states for drafter training: {human_bytes(self.bytes)} = {self.tokens:,.0f} tokens x "
+            f"hidden {self.hidden_size:,} x ({self.aux_layers} aux layers + 1) x {self.bytes_per_value} bytes ({dtype}); "
+            f"tokens: {self.tokens_basis}"
+        )
+
+
+def human_bytes(n: float) -> str:
+    """Decimal and binary units side by side: ``93.6 TB (85.1 TiB)``."""
+    dec = next(((n / 10**e, u) for e, u in ((15, "PB"), (12, "TB"), (9, "GB"), (6, "MB"), (3, "kB")) if n >= 10**e), (n, "B"))
+    binary = next(((n / 2**e, u) for e, u in ((50, "PiB"), (40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")) if n >= 2**e), (n, "B"))
+    return f"{dec[0]:,.1f} {dec[1]} ({binary[0]:,.1f} {binary[1]})"
+
+
+def hidden_state_storage(shape: ModelShape, tokens: float, tokens_basis: str, aux_layers: int = DEFAULT_AUX_LAYERS) -> HiddenStateStorage:
+    """``tokens x hidden_size x (aux_layers + 1) x bytes_per_value`` for ``shape``'s model.
+
+    Raises ``UsageError`` for negative tokens or aux layers, or more aux layers than the model has.
+    """
+    if aux_layers < 0:
+        raise UsageError(f"--aux-layers {aux_layers}: must be >= 0 (0: the final hidden state only)")
+    if shape.num_hidden_layers is not None and aux_layers > shape.num_hidden_layers:
+        raise UsageError(f"--aux-layers {aux_layers}: the model has only {shape.num_hidden_layers} layers ({shape.config})")
+    if tokens < 0:
+        raise UsageError(f"--storage-tokens {tokens:,.0f}: must be >= 0")
+    layers = aux_layers + 1
+    total = float(tokens) * shape.hidden_size * layers * shape.bytes_per_value
+    return HiddenStateStorage(
+        tokens=float(tokens), tokens_basis=tokens_basis, hidden_size=shape.hidden_size,
+        num_hidden_layers=shape.num_hidden_layers, aux_layers=aux_layers, layers=layers, dtype=shape.dtype,
+        dtype_from_config=shape.dtype_from_config, bytes_per_value=shape.bytes_per_value, bytes=total,
+        terabytes=total / 1e12, tebibytes=total / 2**40, config=shape.config,
+    )  # fmt: skip
+
+
+def scan_tokens(findings: str | Path) -> tuple[int, int] | None:
+    """``(scanned, replaced)``: the tokens of the scanned dataset (``summary.json`` ``tokens``) and the
+    supervised tokens of its failing samples (``metrics.parquet``: the outputs regeneration
+    replaces). ``None`` when the scan files are not next to ``findings`` (a lone findings.parquet).
+    Raises ``InputError`` for scan files that are there but unreadable."""
+    import json
+
+    import polars as pl
+
+    file = _findings_file(findings)
+    summary_file, metrics_file = file.parent / "summary.json", file.parent / "metrics.parquet"
+    if not (summary_file.is_file() and metrics_file.is_file()):
+        return None
+    try:
+        scanned = int(json.loads(summary_file.read_text())["tokens"])
+        rows = pl.read_parquet(file, columns=["row"])["row"].cast(pl.Int64)
+        m = pl.read_parquet(metrics_file, columns=["row", "supervised_tokens"])
+    except (OSError, ValueError, KeyError, TypeError, pl.exceptions.PolarsError) as exc:
+        raise InputError(
+            f"{file.parent}: cannot count the training set's tokens from the scan ({type(exc).__name__}: {exc}); "
+            "give --storage-tokens"
+        ) from None
+    replaced = int(m.filter(pl.col("row").cast(pl.Int64).is_in(rows.implode()))["supervised_tokens"].sum() or 0)
+    return scanned, replaced
+
+
+def training_set_tokens(scan: tuple[int, int] | None, samples: int, avg_output_tokens: float) -> tuple[float, str]:
+    """The tokens of the training set after regeneration, and how they were counted.
+
+    With a scan (``scan_tokens``): scanned - replaced outputs + samples x avg output tokens (the new
+    outputs). Without one: samples x avg output tokens only (the regenerated outputs; prompts and
+    the samples kept as they are not counted), the seed's own arithmetic.
+    """
+    new = samples * float(avg_output_tokens)
+    if scan is None:
+        return new, (
+            f"regenerated outputs only, {samples:,} samples x {avg_output_tokens:,.0f} avg output tokens (no scan: prompts "
+            "and kept samples not counted; give --findings DIR or --storage-tokens for the whole training set)"
+        )
+    scanned, replaced = scan
+    return max(0.0, scanned - replaced + new), (
+        f"the training set after regeneration (estimate): {scanned:,} scanned - {replaced:,} replaced outputs "
+        f"+ {samples:,} x {avg_output_tokens:,.0f} regenerated"
+    )
 
 
 @dataclass(frozen=True)
@@ -351,15 +623,23 @@ class PlanInputs:
     calibrate_out: str | Path | None = None
     protocol: str | None = None
     max_new_tokens: int = 8192
+    turns: str = "flagged"
+    model: str | Path | None = None
+    aux_layers: int = DEFAULT_AUX_LAYERS
+    storage_tokens: float | None = None
 
 
 @dataclass(frozen=True)
 class PlanResult:
-    """The plans, one per scenario in the order given (the ``given``/``measured`` one first), and
-    the calibration they came from (``None`` without ``--calibrate``)."""
+    """The plans, one per scenario in the order given (the ``given``/``measured`` one first), the
+    calibration they came from (``None`` without ``--calibrate``), the selection in turns (``None``
+    without a scan that has them) and the offline hidden-state storage (``None`` without
+    ``--model``)."""
 
     plans: list[Plan]
     calibration: Calibration | None = None
+    turns: TurnCounts | None = None
+    hidden_states: HiddenStateStorage | None = None
 
     @property
     def unpriced(self) -> bool:
@@ -367,10 +647,13 @@ class PlanResult:
         return any(p.cost is None for p in self.plans)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON of ``dqa plan --json``: ``{"scenarios": [...], "calibration": {...} | None}``."""
+        """The JSON of ``dqa plan --json``: ``{"scenarios": [...], "calibration": {...} | None,
+        "turns": {...} | None, "hidden_states": {...} | None}``."""
         return {
             "scenarios": [p.to_dict() for p in self.plans],
             "calibration": self.calibration.to_dict() if self.calibration else None,
+            "turns": self.turns.to_dict() if self.turns else None,
+            "hidden_states": self.hidden_states.to_dict() if self.hidden_states else None,
         }
 
 
@@ -400,11 +683,23 @@ def make_plan(
         if gpus is None:
             gpus = fleet_rec.gpu_count
     samples = i.samples
+    if i.turns not in TURN_MODES:
+        raise UsageError(f"--turns {i.turns!r}: expected one of {', '.join(TURN_MODES)}")
+    turns = None
     if i.findings is not None:
         samples = count_findings(i.findings)
+        turns = count_turns(i.findings, i.turns)
     # Checked before the calibration, which spends minutes of real generation.
     if samples is None:
         raise UsageError("say how many samples: --samples N or --findings DIR")
+    shape = read_model_config(i.model) if i.model is not None else None
+    if shape is None and (i.storage_tokens is not None or i.aux_layers != DEFAULT_AUX_LAYERS):
+        raise UsageError("--aux-layers and --storage-tokens size the offline hidden states: give --model (its config.json) too")
+    scan = None
+    if shape is not None:
+        hidden_state_storage(shape, i.storage_tokens or 0, "", i.aux_layers)  # the checks only
+        if i.storage_tokens is None and i.findings is not None:
+            scan = scan_tokens(i.findings)
     for text in i.scenarios:
         parse_scenario(text, samples, 1.0, None)  # syntax only; the real parse follows
 
@@ -477,4 +772,11 @@ def make_plan(
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:
         raise UsageError(f"--scenario name {dup!r} is used twice")
-    return PlanResult(plans=[compute(s) for s in scenarios], calibration=calibration)
+    storage = None
+    if shape is not None:
+        if i.storage_tokens is not None:
+            tokens, basis = float(i.storage_tokens), "as given (--storage-tokens)"
+        else:
+            tokens, basis = training_set_tokens(scan, samples, avg_output_tokens)
+        storage = hidden_state_storage(shape, tokens, basis, i.aux_layers)
+    return PlanResult(plans=[compute(s) for s in scenarios], calibration=calibration, turns=turns, hidden_states=storage)

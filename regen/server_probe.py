@@ -11,6 +11,13 @@
   sglang`` against a server without ``/generate`` (``GET /generate`` is 404: the route does not
   exist; SGLang answers 405, POST only) is a ``UsageError`` (exit 2) saying to use ``--protocol
   openai``; the other way round likewise.
+- Token-exact OpenAI route (``--protocol openai``): an SGLang endpoint gets one probe request,
+  ``POST /v1/chat/completions`` with ``input_ids``, ``"return_token_ids": true`` and
+  ``max_tokens`` 1 (SGLang 0.5.23 answers ``choices[0].response_token_ids`` and
+  ``prompt_token_ids`` equal to the ids sent; older releases ignore the fields). Other servers
+  take the text round trip without a probe. ``ServerFacts.token_ids`` holds the answer (None:
+  not known, e.g. still starting; the first real reply decides) and run.json records it per
+  endpoint as ``openai_route`` (``token-exact`` / ``text``).
 - Limits (``ServerFacts``): the model name and context length from ``/v1/models``
   ``data[0].id`` / ``max_model_len`` (``/server_info`` ``context_length`` otherwise; ``/model_info``
   does not carry it), the speculative reserve, the version (how SGLang compares lengths) and
@@ -39,6 +46,8 @@ OPENAI = "openai"
 UNKNOWN = "unknown"
 # Start-up reachability: tries over this many seconds before an endpoint counts as never reachable.
 PREFLIGHT_WINDOW_S = 6.0
+# The token-exact probe's prompt: ids every vocabulary has; one output token.
+PROBE_IDS = [0, 1, 2]
 
 
 @dataclass
@@ -52,6 +61,8 @@ class ServerFacts:
     reserve: int = 0  # speculative reserve added to the prompt in SGLang's length check
     deterministic: bool | None = None  # SGLang: --enable-deterministic-inference (seeds take effect)
     complete: bool = False  # the server answered the info requests (not still starting)
+    # openai protocol: the chat route takes input_ids and returns response_token_ids (None: not known)
+    token_ids: bool | None = None
 
     @property
     def inclusive(self) -> bool:
@@ -83,6 +94,9 @@ class ServerFacts:
             "speculative_reserve": self.reserve,
             "deterministic_inference": self.deterministic,
             "seed_applied": self.seed_applied,
+            # --protocol openai: token-exact (input_ids in, response_token_ids out) or text (the
+            # reply rendered back into tokens); null for --protocol sglang or when not known
+            "openai_route": None if self.token_ids is None else ("token-exact" if self.token_ids else "text"),
         }
 
 
@@ -211,6 +225,50 @@ def _wrong_protocol(name: str, protocol: str, facts: ServerFacts, generate: int 
     return None
 
 
+def token_ids_answer(status: int | None, obj: Any, sent: list[int]) -> bool | None:
+    """What a token-exact probe reply says: True when ``choices[0]`` carries a
+    ``response_token_ids`` list and ``prompt_token_ids`` equal to ``sent`` (the server used the
+    ids), False when a 200 lacks them (the fields were ignored) or a 400/422 refuses them, None
+    for anything else (not known: starting, overloaded, unreachable)."""
+    if status in (400, 422):
+        text = json.dumps(obj) if obj is not None else ""
+        return False if any(f in text for f in ("input_ids", "return_token_ids")) else None
+    if status != 200 or not isinstance(obj, dict):
+        return None
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    choice = choices[0]
+    return isinstance(choice.get("response_token_ids"), list) and choice.get("prompt_token_ids") == sent
+
+
+async def probe_token_ids(session, url: str, timeout, model: str | None = None) -> bool | None:
+    """Ask an endpoint (base URL) once whether its ``/v1/chat/completions`` is token-exact: a
+    one-token request with ``input_ids`` ``PROBE_IDS`` and ``"return_token_ids": true`` (see
+    ``token_ids_answer``). Never raises for server behaviour."""
+    import aiohttp
+
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": "hi"}], "input_ids": PROBE_IDS, "return_token_ids": True,
+        "max_tokens": 1, "temperature": 0.0, "stream": False,
+    }  # fmt: skip
+    if model:
+        body["model"] = model
+    try:
+        async with session.post(url + "/v1/chat/completions", json=body, timeout=timeout) as r:
+            raw = await r.read()
+            status = r.status
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        return None
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        obj = None
+    if obj is None and status in (400, 422):
+        obj = raw.decode("utf-8", "replace")
+    return token_ids_answer(status, obj, PROBE_IDS)
+
+
 async def _one(session, url: str, protocol: str, window: float, try_timeout: float, info_timeout) -> tuple[bool, str, ServerFacts, str | None]:
     name = strip_userinfo(url)
     ok, err = await _reachable(session, url, window, try_timeout, info_timeout.total or 10.0)
@@ -222,6 +280,11 @@ async def _one(session, url: str, protocol: str, window: float, try_timeout: flo
         generate = await _status(session, url + "/generate", info_timeout)
     if protocol == OPENAI:
         chat = await _status(session, url + "/v1/chat/completions", info_timeout)
+        if chat != 404:
+            if facts.kind == SGLANG:
+                facts.token_ids = await probe_token_ids(session, url, info_timeout)
+            elif facts.kind == OPENAI:
+                facts.token_ids = False  # not SGLang: the text round trip, no probe
     return True, "", facts, _wrong_protocol(name, protocol, facts, generate, chat)
 
 
@@ -267,6 +330,8 @@ def describe(name: str, f: ServerFacts) -> str:
         parts.append(f"context {f.context_length}")
     if f.reserve:
         parts.append(f"speculative reserve {f.reserve}")
+    if f.token_ids is not None:
+        parts.append("chat route token-exact (input_ids, response_token_ids)" if f.token_ids else "chat route text (rendered back into tokens)")
     return f"{name}: " + ", ".join(parts)
 
 

@@ -3,8 +3,10 @@
 
 What that server does (checked here): it has no /health_generate (dqa falls back to /health),
 rejects SGLang's extra fields `top_k` and `rid` with a 422 (dqa drops them for that endpoint),
-and with random weights stops by length. The reply text is rendered back into tokens with the
-real Qwen3 chat template; the rendered prompt must equal the sample's prompt tokens.
+and with random weights stops by length. It is not SGLang (no /server_info), so it gets the text
+route, never `input_ids` (it would refuse them with a 422 as well; run.json says "text"): the
+reply text is rendered back into tokens with the real Qwen3 chat template; the rendered prompt
+must equal the sample's prompt tokens. The token-exact route is test_regen_openai_token_exact.py.
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ def test_openai_protocol_regenerates_through_transformers_serve(transformers_ser
     bad = rows[3]
     assert bad["status"] == "failed" and "row 3" in bad["error"] and "renders the prompt differently" in bad["error"]
     assert any("rejects" in m and "top_k" in m for m in logs)
+    assert not any("input_ids" in m for m in logs)  # never sent: the text route from the start
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert run["servers"][url]["openai_route"] == "text" and run["servers"][url]["server"] == "openai"
     progress = json.loads((tmp_path / "out" / "progress.json").read_text())
     assert progress["endpoints"][url]["healthy"] is True  # via /health: this server has no /health_generate
     # Every figure counts the tokens the shards record (the rendered reply), not the server's usage.

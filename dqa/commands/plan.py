@@ -43,6 +43,19 @@ def plan(
         None, "--protocol", help="With --calibrate and --endpoint: sglang (default) or openai (e.g. transformers serve)."
     ),
     max_new_tokens: int = typer.Option(8192, "--max-new-tokens", help="With --calibrate: output limit per prompt (as in the real run)."),
+    turns: str = typer.Option(
+        "flagged", "--turns",
+        help="With --findings of a multi-turn set: the turns regen sends, as `dqa regen --turns`: flagged (from the first flagged turn on), all or last. Every mode's count is shown.",
+    ),
+    model: Optional[Path] = typer.Option(
+        None, "--model",
+        help="Model folder (or its config.json): size offline hidden states for drafter training, tokens x hidden_size x (aux layers + 1) x bytes.",
+    ),
+    aux_layers: int = typer.Option(3, "--aux-layers", help="With --model: auxiliary layers captured besides the final one (EAGLE-3: 3)."),
+    storage_tokens: Optional[float] = typer.Option(
+        None, "--storage-tokens",
+        help="With --model: tokens of the training set (default: from the scan of --findings, else samples x avg output tokens).",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing; exit code only (with --calibrate: no spinner either)."),
 ) -> None:
@@ -53,6 +66,11 @@ def plan(
     second, per hour and per day next to each other, so a unit slip stands out
     (1,500 tok/s is 5.4M tokens per hour, 129.6M per day).
 
+    With --findings of a multi-turn set the selection is counted in turns too, for each
+    `dqa regen --turns` mode. With --model, the disk that offline hidden states for drafter
+    training need: tokens x hidden_size x (aux layers + 1) x bytes, from the model's config.json,
+    for every token of the training set (914,000 x 2,500 tokens on Qwen3.6-27B: 93.6 TB).
+
     Examples:
 
       dqa plan --samples 914000 --avg-output-tokens 2500 --tok-per-s 1600
@@ -62,6 +80,8 @@ def plan(
       dqa plan --findings dqa-out/train --avg-output-tokens 2500 --scenario pro6000:4:400:1.5 --scenario b200:7:2300:3.86
 
       dqa plan --calibrate --fleet fleet.json --dataset train.parquet --findings dqa-out/train --sample 64
+
+      dqa plan --samples 914000 --avg-output-tokens 2500 --tok-per-s 1600 --model /models/Qwen3.6-27B
     """
     import json
 
@@ -87,6 +107,10 @@ def plan(
         calibrate_out=calibrate_out,
         protocol=protocol,
         max_new_tokens=max_new_tokens,
+        turns=turns,
+        model=model,
+        aux_layers=aux_layers,
+        storage_tokens=storage_tokens,
     )
     spinner = None
     if stderr_is_tty() and not quiet:
