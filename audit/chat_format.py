@@ -494,7 +494,12 @@ def derive_chat_format(
     a2_end = history.index(_A2) + len(_A2) if _A2 in history else -1
     tail = tuple(hist.ids[hist.index_at(a2_end):]) if a2_end >= 0 and hist.index_at(a2_end) is not None else ()
     if not between:
-        raise _unsupported(where, "assistant turns have no end-of-turn token of their own (the next role token ends them)")
+        # The folder is the right one (GLM 4.5+): say what was found and what is missing, not "another folder".
+        raise InputError(
+            f"{where}: assistant turns ({tok.decode(list(header), skip_special_tokens=False)!r}) have no end-of-turn token of "
+            f"their own: the next role token ({tok.decode([user_opener], skip_special_tokens=False)!r}) ends them, as in "
+            f"GLM 4.5 and later; dqa needs an end-of-turn token to judge where a turn ends and does not read this chat format yet"
+        )
     eot = between[0]
     if eot not in added:
         raise _unsupported(where, f"the token after an assistant turn ({tok.decode([eot], skip_special_tokens=False)!r}) is no special token")

@@ -105,6 +105,8 @@ def test_a_template_whose_turns_have_no_end_of_turn_token_is_refused(tok_root):
         template.load_template(str(folder))
     msg = str(err.value)
     assert str(folder) in msg and "no end-of-turn token" in msg and "\n" not in msg
+    # It names what it found and what is missing, and does not send the user to another tokenizer folder.
+    assert "'<|assistant|>'" in msg and "'<|user|>'" in msg and "GLM" in msg and "tokenizer folder of the model" not in msg
 
 
 def test_a_tokenizer_without_template_or_known_tokens_is_refused(tok_root, tmp_path):
