@@ -45,8 +45,8 @@ LIST_KEYS = ("conversations", "messages")
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "user": "user", "assistant": "assistant", "system": "system"}
 EXPECTED_RECORD = 'a JSON object with "conversations" or "messages": a list of {"role", "content"} (or ShareGPT {"from", "value"}) objects'
 NOT_YET = (
-    "conversation JSONL (rendered at read time) is read by dqa scan only for now: "
-    "regenerate after tokenizing (dqa regen and dqa merge of conversation JSONL are not yet supported)"
+    "conversation JSONL is rendered with a chat template when it is read: give --tokenizer "
+    "(a preset, or a folder with a chat template); dqa merge writes it back as conversation JSONL itself"
 )
 
 

@@ -211,7 +211,7 @@ def main() -> None:
         if not data.exists():
             from build_example import build_example
 
-            data = build_example(data.parent, rows=args.rows, seed=args.seed)
+            data = build_example(data.parent, rows=args.rows, seed=args.seed, template="qwen3")
     runs: dict[str, list[dict]] = {k: [] for k in KINDS}
     with tempfile.TemporaryDirectory(prefix="dqa-bench-tok-") as tmp:
         work = Path(tmp)

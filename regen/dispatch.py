@@ -44,6 +44,13 @@ from dqa.regen.urls import strip_userinfo
 STATUS = {OK: "ok", LENGTH: "length", FAIL: "failed"}
 
 
+def _turn_fields(job: Job) -> tuple[int, int, int]:
+    """``(turn, turns, kept_len)`` of a job for its journal record (a plain ``Job``: one turn, the whole prompt kept)."""
+    if hasattr(job, "turn"):
+        return job.turn, job.turns, job.kept_len  # type: ignore[attr-defined]
+    return 0, 1, -1
+
+
 @dataclass
 class DispatchSettings:
     """Timing and retry knobs (seconds). Defaults suit long thinking generations on a real fleet."""
@@ -397,9 +404,18 @@ class Dispatcher:
         r = Result(
             job.row, job.sample_id, job.prompt, outcome.output_ids, status, outcome.finish_reason, None,
             ep.name, job.attempts, latency, self.protocol.model or self.model, self._sampling_for(ep, job), job.seed, time.time(),
+            *_turn_fields(job),
         )
         self.sink(encode(r))
-        self.progress.record(status, n)
+        # A conversation goes on with its next turn, on the history regenerated so far, only after an ok
+        # turn; its record is appended first, so the journal holds turn k before turn k + 1 (a resume
+        # never sees a later turn without the earlier one). A length cut ends the conversation.
+        nxt = job.next_job(outcome.output_ids) if status == "ok" and hasattr(job, "next_job") else None
+        if nxt is not None:
+            self.progress.record_turn(n)
+            self._requeue_now(nxt)
+        else:
+            self.progress.record(status, n)
         self.answered += 1
         ep.counts.done += 1
         ep.counts.output_tokens += n
@@ -408,6 +424,7 @@ class Dispatcher:
         r = Result(
             job.row, job.sample_id, job.prompt, np.zeros(0, np.int32), "failed", finish or "", strip_userinfo(error),
             ep.name if ep is not None else "", job.attempts, latency, self.protocol.model or self.model, self._sampling_for(ep, job), job.seed, time.time(),
+            *_turn_fields(job),
         )
         self.sink(encode(r))
         self.progress.record("failed", 0)

@@ -12,6 +12,12 @@ is compacted into ``shards/part-<tag>-<seq>.parquet`` through ``dqa.atomic``
 so a crash between the rename and the delete is repaired on resume by deleting
 the segment: no record can land in two shards, and no row is written twice.
 
+Records are per assistant turn: ``(row, turn)`` is what exactly-once is about (single-turn data:
+one record per row, as before). A conversation's turn ``k + 1`` is only sent after turn ``k``'s
+record was appended, and records reach the segment in append order, so a durable later turn
+implies the earlier ones are durable too; ``recover`` reports the conversations left half done
+(``Recovery.partial``), and a resume continues them at their next turn on the recorded outputs.
+
 Shard columns follow FORMATS.md (``dqa regen`` output folder).
 """
 
@@ -56,13 +62,19 @@ class Result:
     sampling: str
     seed: int
     completed_at: float
+    # Multi-turn: which assistant turn of the sample this is (0-based), how many the sample has, and how
+    # many prompt tokens were copied from the dataset row unchanged (-1: all of them, the prompt_len).
+    turn: int = 0
+    turns: int = 1
+    kept_len: int = -1
 
 
 def encode(r: Result) -> bytes:
     """One framed journal record for ``r``."""
     prompt = np.ascontiguousarray(r.prompt, dtype=np.int32)
     output = np.ascontiguousarray(r.output, dtype=np.int32)
-    meta = json.dumps([r.sample_id, r.status, r.finish_reason, r.error, r.endpoint, r.model, r.sampling]).encode()
+    meta = json.dumps([r.sample_id, r.status, r.finish_reason, r.error, r.endpoint, r.model, r.sampling,
+                       r.turn, r.turns, r.kept_len]).encode()
     payload = b"".join(
         (
             FIXED.pack(r.row, r.seed, prompt.size, output.size, r.attempts, r.latency_s, r.completed_at),
@@ -92,8 +104,11 @@ def decode_segment(data: bytes) -> tuple[list[Result], int]:
         off += 4 * n_prompt
         output = np.frombuffer(payload, dtype=np.int32, count=n_out, offset=off)
         off += 4 * n_out
-        sid, status, finish, error, endpoint, model, sampling = json.loads(payload[off:])
-        out.append(Result(row, sid, prompt, output, status, finish, error, endpoint, attempts, latency, model, sampling, seed, done_at))
+        meta = json.loads(payload[off:])
+        sid, status, finish, error, endpoint, model, sampling = meta[:7]
+        turn, turns, kept = meta[7:10] if len(meta) >= 10 else (0, 1, -1)  # records of runs before multi-turn
+        out.append(Result(row, sid, prompt, output, status, finish, error, endpoint, attempts, latency, model, sampling, seed, done_at,
+                          turn, turns, kept))
         pos = end
     return out, n - pos
 
@@ -119,6 +134,9 @@ def shard_schema():
             ("sampling", pa.string()),
             ("seed", pa.int64()),
             ("completed_at", pa.timestamp("us", tz="UTC")),
+            ("turn", pa.int32()),
+            ("turns", pa.int32()),
+            ("kept_len", pa.int32()),
         ]
     )
 
@@ -159,6 +177,9 @@ def results_table(results: list[Result]):
         "sampling": pa.array([r.sampling for r in results], pa.string()),
         "seed": pa.array([r.seed for r in results], pa.int64()),
         "completed_at": pa.array(np.array([int(r.completed_at * 1e6) for r in results], dtype="datetime64[us]"), pa.timestamp("us", tz="UTC")),
+        "turn": pa.array([r.turn for r in results], pa.int32()),
+        "turns": pa.array([r.turns for r in results], pa.int32()),
+        "kept_len": pa.array([r.kept_len if r.kept_len >= 0 else r.prompt.size for r in results], pa.int32()),
     }
     return pa.table(cols, schema=shard_schema())
 
@@ -189,9 +210,15 @@ STATUSES = ("ok", "length", "failed")  # Recovery.statuses holds indexes into th
 
 @dataclass
 class Recovery:
-    """What an output folder already holds."""
+    """What an output folder already holds, per conversation (dataset row).
 
-    rows: np.ndarray  # sorted rows recorded in shards (int64)
+    A row has *ended* when its final assistant turn is recorded, or a turn is recorded with a status
+    other than ``ok`` (the conversation stops there); ``rows`` lists those, with the status of the
+    record that ended it and the output tokens of all its records. ``partial`` lists the rows with
+    ok records of earlier turns only: a resume continues them at their next turn.
+    """
+
+    rows: np.ndarray  # sorted rows whose conversation ended (int64)
     statuses: np.ndarray  # int8 index into STATUSES per row (aligned with rows)
     tokens: np.ndarray  # output tokens per row (int64, aligned with rows)
     next_seq: int
@@ -199,6 +226,7 @@ class Recovery:
     torn_bytes: int  # discarded torn tail bytes
     dropped_duplicates: int
     rewritten: list[Path] = field(default_factory=list)  # shards rewritten without their failed rows (retry_failed)
+    partial: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # rows half done (sorted)
 
     @property
     def output_tokens(self) -> int:
@@ -213,12 +241,22 @@ class Recovery:
 
 @dataclass
 class _Done:
-    """The row, status and output_tokens columns of one shard."""
+    """The row, status, output_tokens, turn and turns columns of one shard."""
 
     path: Path
     rows: np.ndarray
     statuses: np.ndarray
     tokens: np.ndarray
+    turn: np.ndarray
+    turns: np.ndarray
+
+    def keys(self) -> np.ndarray:
+        return record_keys(self.rows, self.turn)
+
+
+def record_keys(rows: np.ndarray, turn: np.ndarray) -> np.ndarray:
+    """One int64 per (row, turn): what exactly-once is about."""
+    return rows.astype(np.int64) * 65536 + (turn.astype(np.int64) + 1)
 
 
 def _status_codes(col) -> np.ndarray:
@@ -233,12 +271,17 @@ def _status_codes(col) -> np.ndarray:
 def _read_done(path: Path) -> _Done:
     import pyarrow.parquet as pq
 
-    t = pq.read_table(path, columns=["row", "status", "output_tokens"])
+    names = set(pq.read_schema(path).names)
+    multi = {"turn", "turns"} <= names
+    t = pq.read_table(path, columns=["row", "status", "output_tokens"] + (["turn", "turns"] if multi else []))
+    n = t.num_rows
     return _Done(
         path,
         t.column("row").to_numpy().astype(np.int64, copy=False),
         _status_codes(t.column("status")),
         t.column("output_tokens").to_numpy().astype(np.int64, copy=False),
+        t.column("turn").to_numpy().astype(np.int64) if multi else np.zeros(n, np.int64),
+        t.column("turns").to_numpy().astype(np.int64) if multi else np.ones(n, np.int64),
     )
 
 
@@ -250,16 +293,61 @@ def _done_of(path: Path, records: list[Result]) -> _Done:
         np.fromiter((r.row for r in records), dtype=np.int64, count=n),
         np.fromiter((STATUSES.index(r.status) if r.status in STATUSES else -1 for r in records), dtype=np.int8, count=n),
         np.fromiter((r.output.size for r in records), dtype=np.int64, count=n),
+        np.fromiter((r.turn for r in records), dtype=np.int64, count=n),
+        np.fromiter((r.turns for r in records), dtype=np.int64, count=n),
     )
+
+
+def conversations(rows: np.ndarray, turn: np.ndarray, turns: np.ndarray, statuses: np.ndarray, tokens: np.ndarray):
+    """Per-record columns -> per row: ``(ended rows, their status, their tokens, partial rows)``.
+
+    A row has ended when a record of its final turn (``turn == turns - 1``) or a record whose
+    status is not ``ok`` exists; its status is that of its last record (the conversation stops at
+    the first turn that is not ``ok``), its tokens the sum over its records.
+    """
+    if rows.size == 0:
+        z = np.zeros(0, np.int64)
+        return z, np.zeros(0, np.int8), z, z
+    order = np.lexsort((turn, rows))
+    r, t, ts, st, tok = rows[order], turn[order], turns[order], statuses[order], tokens[order]
+    starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+    lasts = np.r_[starts[1:], r.size] - 1
+    ends_here = (st != STATUSES.index("ok")) | (t >= ts - 1)
+    ended = np.maximum.reduceat(ends_here.astype(np.int8), starts).astype(bool)
+    sums = np.add.reduceat(tok, starts)
+    uniq = r[starts]
+    return uniq[ended], st[lasts][ended], sums[ended], uniq[~ended]
+
+
+def partial_outputs(out: Path, rows: np.ndarray) -> dict[int, dict[int, np.ndarray]]:
+    """The output tokens of the ok records of ``rows`` (half-done conversations): row -> turn -> output."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    result: dict[int, dict[int, np.ndarray]] = {}
+    if rows.size == 0:
+        return result
+    want = set(int(r) for r in rows)
+    for p in list_shards(out):
+        if "turn" not in pq.read_schema(p).names:
+            continue
+        t = pq.read_table(p, columns=["row", "turn", "status", "input_ids", "prompt_len"])
+        hit = pc.is_in(t.column("row"), value_set=pa.array(sorted(want), pa.int64()))
+        t = t.filter(pc.and_(hit, pc.equal(t.column("status"), "ok")))
+        for rec in t.to_pylist():
+            ids = np.asarray(rec["input_ids"], dtype=np.int32)
+            result.setdefault(int(rec["row"]), {})[int(rec["turn"])] = ids[int(rec["prompt_len"]):]
+    return result
 
 
 def recover(out: Path, retry_failed: bool = False) -> Recovery:
     """Make ``out`` consistent after any crash and report what it holds.
 
     Removes stray temp files, deletes segments already compacted, compacts the
-    valid records of the others (dropping a torn tail and rows already in a
+    valid records of the others (dropping a torn tail and (row, turn) records already in a
     shard). With ``retry_failed`` it then rewrites the shards that hold
-    ``failed`` rows without them (``--retry-failed``; listed in ``rewritten``).
+    ``failed`` records without them (``--retry-failed``; listed in ``rewritten``).
     Each shard's small columns are read once. Raises ``OSError`` on I/O failure.
     """
     import pyarrow.compute as pc
@@ -271,7 +359,7 @@ def recover(out: Path, retry_failed: bool = False) -> Recovery:
         remove_stale_temps(d)
     done = [_read_done(p) for p in list_shards(out)]
     seqs = [int(SHARD_RE.match(d.path.name)["seq"]) for d in done]
-    known = np.concatenate([d.rows for d in done]) if done else np.zeros(0, np.int64)
+    known = np.concatenate([d.keys() for d in done]) if done else np.zeros(0, np.int64)
     recovered = torn = dropped = 0
     for seg in sorted((out / "journal").glob("*.log")):
         m = SEGMENT_RE.match(seg.name)
@@ -283,7 +371,8 @@ def recover(out: Path, retry_failed: bool = False) -> Recovery:
         if not target.exists():
             records, t = decode_segment(seg.read_bytes())
             torn += t
-            rr = np.fromiter((r.row for r in records), dtype=np.int64, count=len(records))
+            rr = record_keys(np.fromiter((r.row for r in records), dtype=np.int64, count=len(records)),
+                             np.fromiter((r.turn for r in records), dtype=np.int64, count=len(records)))
             first = np.zeros(rr.size, dtype=bool)
             first[np.unique(rr, return_index=True)[1]] = True
             keep_mask = first & ~np.isin(rr, known)
@@ -304,17 +393,16 @@ def recover(out: Path, retry_failed: bool = False) -> Recovery:
             if bad.any():
                 t = pq.read_table(d.path)
                 write_table(d.path, t.filter(pc.not_equal(t.column("status"), "failed")))
-                done[i] = _Done(d.path, d.rows[~bad], d.statuses[~bad], d.tokens[~bad])
+                done[i] = _Done(d.path, d.rows[~bad], d.statuses[~bad], d.tokens[~bad], d.turn[~bad], d.turns[~bad])
                 rewritten.append(d.path)
     if done:
-        rows = np.concatenate([d.rows for d in done])
-        order = np.argsort(rows, kind="stable")
-        statuses = np.concatenate([d.statuses for d in done])[order]
-        tokens = np.concatenate([d.tokens for d in done])[order]
-        rows = rows[order]
+        rows, statuses, tokens, partial = conversations(
+            np.concatenate([d.rows for d in done]), np.concatenate([d.turn for d in done]), np.concatenate([d.turns for d in done]),
+            np.concatenate([d.statuses for d in done]), np.concatenate([d.tokens for d in done]),
+        )
     else:
-        rows, statuses, tokens = np.zeros(0, np.int64), np.zeros(0, np.int8), np.zeros(0, np.int64)
-    return Recovery(rows, statuses, tokens, (max(seqs) + 1) if seqs else 0, recovered, torn, dropped, rewritten)
+        rows, statuses, tokens, partial = np.zeros(0, np.int64), np.zeros(0, np.int8), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return Recovery(rows, statuses, tokens, (max(seqs) + 1) if seqs else 0, recovered, torn, dropped, rewritten, partial)
 
 
 class Journal:

@@ -2,12 +2,19 @@
 
 What it writes
     ``NEW`` is a copy of DATASET in the same format and file layout (see
-    ``dqa.audit.writers``) where every row that ``dqa regen`` completed (shard rows with
-    status ``ok`` or ``length``) replaces its original:
+    ``dqa.audit.writers``) where every conversation that ``dqa regen`` completed replaces its
+    original: every turn the run regenerated finished ``ok`` (``accept`` may also take a final
+    turn cut by the length limit, status ``length``; the default, ``ok``, keeps the original):
 
-    - the ids column gets the shard's ``input_ids`` (prompt + output);
+    - the ids column gets the final turn's shard ``input_ids`` (the regenerated history +
+      the output), plus the template's post-end-of-turn tokens when the input trains them;
+    - the mask is rebuilt in the input's own convention (``Convention``: the scan's
+      ``conventions``, else detected from the input; the chat format from run.json's
+      ``tokenizer``): every assistant turn trained or only the last, the newline after end
+      of turn trained or not, an untrained ``<think>\n`` in the header. Without a chat format
+      (shards with no run.json) the shard's mask is used (0 over the prompt, 1 over the output);
     - the supervision column, in the input's convention and value type: ``loss_mask`` gets
-      the shard's mask; ``labels`` gets the id where the mask is 1, else -100 (both are
+      that mask; ``labels`` gets the id where the mask is 1, else -100 (both are
       rewritten when the input has both);
     - an ``attention_mask`` column, when present, becomes all ones of the new length;
     - a token column stored as one ``[1, L]`` list per row (``list<list<int>>``, SpecForge's
@@ -23,9 +30,14 @@ What it writes
       ``set_format(type="torch")``), which cannot hold a timestamp.
       Merging a merged dataset keeps the earlier provenance of rows it does not replace.
 
-    Rows keep their order. Rows that could not be regenerated — shard status ``failed``,
-    or selected for the run (``run.json``'s selection) but absent from the shards — keep
-    their original (``--failed keep``, the default) or are left out (``--failed drop``).
+    Rows keep their order. Rows that could not be regenerated — a turn with shard status
+    ``failed``, a length cut not accepted (or before the final turn: the conversation stopped
+    there), a conversation the run has not finished, or selected for the run (``run.json``'s
+    selection) but absent from the shards — keep their original (``--failed keep``, the
+    default) or are left out (``--failed drop``).
+
+    Conversation JSONL input is written back as conversation JSONL (``_merge_conversations``):
+    each regenerated assistant turn gets its new ``content`` and ``reasoning_content``.
 
 The report
     ``NEW.merge-report.json`` next to NEW (also when NEW is a folder: a file inside a
@@ -38,7 +50,8 @@ Safety
     The input is streamed in batches (memory: one batch plus the shard row groups that the
     current batch needs). Before replacing a row the merge checks that the shard's ``id``
     (when both have one) and its prompt tokens (``input_ids[:prompt_len]``) match the
-    dataset row, so shards of another dataset are refused. NEW is built under a temporary
+    dataset row (multi-turn: its first ``kept_len`` tokens, before the first regenerated turn),
+    so shards of another dataset are refused. NEW is built under a temporary
     name and renamed into place at the end: a crash leaves no NEW.
 
 Errors
@@ -80,8 +93,10 @@ PROVENANCE_TYPE = pa.struct(
 STATUSES = ("ok", "length", "failed")
 _OK, _LENGTH, _FAILED = 0, 1, 2
 REPORT_SUFFIX = ".merge-report.json"
+ACCEPT_CHOICES = ("ok", "length")
+DEFAULT_ACCEPT = ("ok",)
 CACHE_BYTES = 1 << 30  # shard row groups held at once, beyond those the current batch needs
-_SHARD_DATA_COLUMNS = ("input_ids", "loss_mask", "prompt_len", "id") + tuple(f.name for f in PROVENANCE_TYPE)
+_SHARD_DATA_COLUMNS = ("input_ids", "loss_mask", "prompt_len", "kept_len", "id") + tuple(f.name for f in PROVENANCE_TYPE)
 
 
 @dataclass
@@ -94,6 +109,8 @@ class MergeSummary:
     report: str
     format: str
     failed_policy: str
+    accept: str = "ok"
+    convention: dict[str, Any] | None = None  # how replaced rows were masked (None: as the shards hold them)
     rows_in: int = 0
     rows_out: int = 0
     replaced: int = 0
@@ -257,17 +274,25 @@ def run_columns(dirs: Iterable[Path]) -> dict[str, str | None]:
     return found or dict.fromkeys(COLUMN_KEYS)
 
 
-def load_regen_index(dirs: Iterable[Path]) -> RegenIndex:
-    """Read the ``row``/``status``/``id``/``error`` columns of every shard under each ``DIR/shards``.
+def load_regen_index(dirs: Iterable[Path], accept: Iterable[str] = DEFAULT_ACCEPT) -> RegenIndex:
+    """Read the ``row``/``status``/``id``/``error`` (and ``turn``/``turns``) columns of every shard
+    under each ``DIR/shards``, and decide per dataset row (conversation) what the merge does.
+
+    A conversation is replaced by the record of its final assistant turn (prompt: the regenerated
+    history; output: the final turn) when every turn it regenerated finished ``ok``, or the final one
+    ``length`` and ``accept`` holds ``length``. Otherwise it counts as not regenerated, with the
+    reason in ``errors`` (status 2): a failed turn, a length cut not accepted, or a conversation the
+    run has not finished (rerun dqa regen to resume it).
 
     Raises ``InputError`` for a missing folder, an unreadable or truncated shard, a shard
     lacking a required column, null or negative rows, or an unknown status; and
-    ``RuntimeFailure`` when a row appears twice.
+    ``RuntimeFailure`` when a row (a turn of a row) appears twice.
     """
+    accept = frozenset(accept)
     import pyarrow.parquet as pq
 
     files: list[Path] = []
-    parts: dict[str, list[Any]] = {k: [] for k in ("rows", "status", "file", "group", "offset", "ids", "errors")}
+    parts: dict[str, list[Any]] = {k: [] for k in ("rows", "status", "file", "group", "offset", "ids", "errors", "turn", "turns")}
     selections: list[np.ndarray] = []
     notes: list[str] = []
     dataset_rows: set[int] = set()
@@ -294,7 +319,7 @@ def load_regen_index(dirs: Iterable[Path]) -> RegenIndex:
                     raise InputError(f"{p}: column 'input_ids' must be a list of integers, found {st.field('input_ids').type}")
                 if not _is_int_list(st.field("loss_mask").type, allow_bool=True):
                     raise InputError(f"{p}: column 'loss_mask' must be a list of 0/1, found {st.field('loss_mask').type}")
-                cols = ["row", "status"] + [c for c in ("id", "error") if c in names]
+                cols = ["row", "status"] + [c for c in ("id", "error", "turn", "turns") if c in names]
                 t = pf.read(columns=cols)
             except InputError:
                 raise
@@ -326,35 +351,81 @@ def load_regen_index(dirs: Iterable[Path]) -> RegenIndex:
             parts["offset"].append(pos - starts[grp])
             parts["ids"].append(_as_strings(t.column("id")) if "id" in t.column_names else pa.nulls(len(rows_np), pa.string()))
             parts["errors"].append(_as_strings(t.column("error")) if "error" in t.column_names else pa.nulls(len(rows_np), pa.string()))
+            n_rec = len(rows_np)
+            if "turn" in t.column_names and "turns" in t.column_names:
+                parts["turn"].append(pc.fill_null(t.column("turn").combine_chunks(), 0).to_numpy(zero_copy_only=False).astype(np.int64))
+                parts["turns"].append(pc.fill_null(t.column("turns").combine_chunks(), 1).to_numpy(zero_copy_only=False).astype(np.int64))
+            else:  # shards of runs before multi-turn: one record per row, its final turn
+                parts["turn"].append(np.zeros(n_rec, np.int64))
+                parts["turns"].append(np.ones(n_rec, np.int64))
     rows = np.concatenate(parts["rows"]) if parts["rows"] else np.zeros(0, np.int64)
-    order = np.argsort(rows, kind="stable")
-    rows = rows[order]
+    turn = np.concatenate(parts["turn"]) if parts["turn"] else np.zeros(0, np.int64)
+    turns = np.concatenate(parts["turns"]) if parts["turns"] else np.zeros(0, np.int64)
+    order = np.lexsort((turn, rows))
+    rows, turn, turns = rows[order], turn[order], turns[order]
     file_ = np.concatenate(parts["file"])[order] if parts["file"] else np.zeros(0, np.int32)
-    dup = np.flatnonzero(rows[1:] == rows[:-1])
+    dup = np.flatnonzero((rows[1:] == rows[:-1]) & (turn[1:] == turn[:-1]))
     if dup.size:
         j = int(dup[0])
         a, b = files[int(file_[j])], files[int(file_[j + 1])]
         where = a.name if a == b else f"{a} and {b}"
+        what = f"row {int(rows[j])}" if turns[j] <= 1 else f"turn {int(turn[j])} of row {int(rows[j])}"
         raise RuntimeFailure(
-            f"regen shards hold row {int(rows[j])} twice ({where}); refusing to pick one (the regen run broke exactly-once)"
+            f"regen shards hold {what} twice ({where}); refusing to pick one (the regen run broke exactly-once)"
         )
-    take = pa.array(order)
+    status = np.concatenate(parts["status"])[order] if parts["status"] else np.zeros(0, np.int8)
+    errors = pa.concat_arrays(parts["errors"]).take(pa.array(order)) if parts["errors"] else pa.nulls(0, pa.string())
+    ids = pa.concat_arrays(parts["ids"]).take(pa.array(order)) if parts["ids"] else pa.nulls(0, pa.string())
+    # One entry per conversation: its last record (the conversation stops at the first turn not ok).
+    last = np.flatnonzero(np.r_[rows[1:] != rows[:-1], True]) if rows.size else np.zeros(0, np.int64)
+    first = np.r_[0, last[:-1] + 1] if rows.size else np.zeros(0, np.int64)
+    code, reasons = _conversation_verdicts(status, turn, turns, errors, first, last, accept)
     selected = np.unique(np.concatenate(selections)) if selections else None
     if len(dataset_rows) > 1:
         raise InputError(f"the --regen folders were made from datasets of different sizes ({sorted(dataset_rows)} rows)")
     return RegenIndex(
         files=files,
-        rows=rows,
-        status=np.concatenate(parts["status"])[order] if parts["status"] else np.zeros(0, np.int8),
-        file=file_,
-        group=np.concatenate(parts["group"])[order] if parts["group"] else np.zeros(0, np.int32),
-        offset=np.concatenate(parts["offset"])[order] if parts["offset"] else np.zeros(0, np.int64),
-        ids=pa.concat_arrays(parts["ids"]).take(take) if parts["ids"] else pa.nulls(0, pa.string()),
-        errors=pa.concat_arrays(parts["errors"]).take(take) if parts["errors"] else pa.nulls(0, pa.string()),
+        rows=rows[last],
+        status=code,
+        file=file_[last],
+        group=(np.concatenate(parts["group"])[order] if parts["group"] else np.zeros(0, np.int32))[last],
+        offset=(np.concatenate(parts["offset"])[order] if parts["offset"] else np.zeros(0, np.int64))[last],
+        ids=ids.take(pa.array(last, pa.int64())),
+        errors=reasons,
         selected=selected,
         selection_notes=notes,
         dataset_rows=dataset_rows.pop() if dataset_rows else None,
     )
+
+
+def _conversation_verdicts(status: np.ndarray, turn: np.ndarray, turns: np.ndarray, errors: pa.Array, first: np.ndarray,
+                           last: np.ndarray, accept: frozenset[str]) -> tuple[np.ndarray, pa.Array]:
+    """Per conversation (records ``first[i] .. last[i]``, in turn order): the merge's status code
+    (ok, length: replaced; failed: not regenerated) and, for the latter, the reason."""
+    n = last.size
+    code = np.empty(n, dtype=np.int8)
+    reasons: list[str | None] = [None] * n
+    err = errors.to_pylist()
+    for i in range(n):
+        j = int(last[i])
+        st, t, ts = int(status[j]), int(turn[j]), int(turns[j])
+        where = f"turn {t}: " if ts > 1 else ""
+        if st == _FAILED:
+            code[i] = _FAILED
+            reasons[i] = f"{where}regeneration failed: {err[j]}" if err[j] is not None else f"{where}regeneration failed"
+        elif t < ts - 1:
+            code[i] = _FAILED
+            if st == _LENGTH:
+                reasons[i] = f"turn {t} cut by the length limit (status length); its later turns were not regenerated"
+            else:
+                reasons[i] = (f"conversation not finished: turns {int(turn[int(first[i])])}..{t} of {ts} regenerated; "
+                              "rerun the same dqa regen command to resume it")
+        elif st == _LENGTH and "length" not in accept:
+            code[i] = _FAILED
+            reasons[i] = f"{where}cut by the length limit (status length); --accept ok,length would use it"
+        else:
+            code[i] = st
+    return code, pa.array(reasons, pa.string())
 
 
 def _as_strings(col: pa.ChunkedArray | pa.Array) -> pa.Array:
@@ -406,6 +477,108 @@ class _GroupCache:
                 break
             total -= self._tables.pop(key).nbytes
             self._files.pop(key[0], None)
+
+
+# --- the input's masking convention --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Convention:
+    """How the input masks an assistant turn, so that a regenerated sample is masked the same way.
+
+    ``turns``: ``all`` (every assistant turn trained: SpecForge, TRL, LLaMA-Factory) or ``last``
+    (only the final one: SpecForge's ``train_only_last_turn``, speculators' last boundary);
+    ``post_eot``: the tokens the template puts after end of turn (ChatML's ``\n``) are trained, and
+    appended after a final turn that ends in end of turn; ``think_prefix``: tokens right after the
+    header that stay untrained (SpecForge's ``qwen3.5`` header ``<|im_start|>assistant\n<think>\n``).
+    """
+
+    turns: str = "all"
+    post_eot: bool = False
+    think_prefix: tuple[int, ...] = ()
+    source: str = ""
+
+    @classmethod
+    def from_detected(cls, conv: dict[str, Any], fmt: Any, source: str) -> "Convention":
+        """From ``detect_conventions``' dict (a scan's ``summary.json`` ``conventions``)."""
+        turns = conv.get("trained_turns")
+        if turns not in ("all", "last"):
+            a, b = conv.get("trained_turns_share_all"), conv.get("trained_turns_share_last")
+            turns = "last" if turns == "mixed" and (b or 0) > (a or 0) else "all"
+        prefix: tuple[int, ...] = ()
+        if conv.get("header_includes_think"):
+            prefix = tuple(fmt.think_prefix) or tuple(t for t in (fmt.think_open, fmt.newline) if t is not None)
+        return cls(turns, bool(conv.get("post_eot_trained")), prefix, source)
+
+    def describe(self) -> dict[str, Any]:
+        return {"trained_turns": self.turns, "post_eot_trained": self.post_eot, "header_includes_think": bool(self.think_prefix),
+                "source": self.source}
+
+
+def rebuild_in_convention(values: np.ndarray, offsets: np.ndarray, fmt: Any, conv: Convention) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Regenerated samples (flat ``values``, ``offsets``) as the input would have stored them:
+    ``(values, offsets, mask)`` with the post-end-of-turn tokens appended after a final end of turn
+    when the convention trains them, and the mask over each trained assistant turn from after its
+    header (and an untrained think prefix) through its end of turn (and the tokens after it when
+    trained); a final turn without end of turn (a length cut) is trained to the sample's end.
+    Vectorized over all samples (loops only over the few tokens of a header or think prefix)."""
+    from dqa.regen.prompts import header_starts
+
+    values = np.asarray(values)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    n = offsets.size - 1
+    lens = offsets[1:] - offsets[:-1]
+    post = np.asarray(fmt.post_eot or (), dtype=values.dtype if values.size else np.int64)
+    if conv.post_eot and post.size and n:
+        last_tok = values[np.maximum(offsets[1:] - 1, 0)] if values.size else np.zeros(n, values.dtype)
+        add = ((lens > 0) & (last_tok == fmt.eot)).astype(np.int64) * post.size
+        if add.any():
+            new_lens = lens + add
+            new_off = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(new_lens, out=new_off[1:])
+            out = np.empty(int(new_off[-1]), dtype=values.dtype)
+            row_of = np.repeat(np.arange(n), new_lens)
+            rank = np.arange(out.size) - new_off[row_of]
+            old = rank < lens[row_of]
+            out[old] = values[offsets[row_of[old]] + rank[old]]
+            out[~old] = post[rank[~old] - lens[row_of[~old]]]
+            values, offsets, lens = out, new_off, new_lens
+    total = values.size
+    mask = np.zeros(total, dtype=np.uint8)
+    hpos, hrow = header_starts(values, offsets, tuple(fmt.assistant_header))
+    if hpos.size == 0:
+        return values, offsets, mask
+    hlen = len(fmt.assistant_header)
+    row_end = offsets[hrow + 1]
+    nxt = np.r_[hpos[1:], total]
+    nxt = np.where(np.r_[hrow[1:] == hrow[:-1], False], nxt, row_end)
+    if conv.turns == "last":
+        keep = np.r_[hrow[1:] != hrow[:-1], True]
+        hpos, hrow, row_end, nxt = hpos[keep], hrow[keep], row_end[keep], nxt[keep]
+    start = hpos + hlen
+    if conv.think_prefix:
+        k = len(conv.think_prefix)
+        match = start + k <= nxt
+        for j, t in enumerate(conv.think_prefix):
+            match &= values[np.minimum(start + j, max(total - 1, 0))] == t
+        start = np.where(match, start + k, start)
+    eots = np.flatnonzero(values == fmt.eot)
+    e = np.searchsorted(eots, start)
+    found = e < eots.size
+    e_at = eots[np.minimum(e, max(eots.size - 1, 0))] if eots.size else start
+    found &= e_at < nxt
+    end = np.where(found, e_at + 1, nxt)
+    if conv.post_eot and post.size:
+        follows = found.copy()
+        for t in post:
+            follows &= (end < nxt) & (values[np.minimum(end, max(total - 1, 0))] == t)
+            end = end + follows
+    end = np.maximum(end, start)
+    edges = np.zeros(total + 1, dtype=np.int64)
+    np.add.at(edges, start, 1)
+    np.add.at(edges, end, -1)
+    mask[np.cumsum(edges[:-1]) > 0] = 1
+    return values, offsets, mask
 
 
 # --- the replacement kernel ----------------------------------------------------------------------
@@ -478,9 +651,11 @@ class Merger:
     """Stream a dataset and a ``RegenIndex`` into a merged dataset; see the module docstring."""
 
     def __init__(self, dataset: Any, index: RegenIndex, failed: str = "keep", check_prompts: bool = True,
-                 cache_bytes: int = CACHE_BYTES):
+                 cache_bytes: int = CACHE_BYTES, fmt: Any = None, convention: Convention | None = None):
         if failed not in ("keep", "drop"):
             raise InputError(f"--failed {failed}: expected keep or drop")
+        self.fmt = fmt  # the run's chat format: with ``convention``, replaced rows are rebuilt in the input's masking
+        self.convention = convention
         self.ds = dataset
         self.index = index
         self.drop = failed == "drop"
@@ -531,6 +706,8 @@ class Merger:
         rep = self._fetch(lo + rep_sel, local[rep_sel]) if rep_sel.size else None
         if rep is not None and self.check_prompts:
             self._check_prompt(rb, rep, start)
+        if rep is not None and self.fmt is not None and self.convention is not None:
+            rep = self._in_convention(rep)
 
         # rows that could not be regenerated: failed in the shards, or selected and absent
         bad_local = [local[failed_sel]]
@@ -566,6 +743,18 @@ class Merger:
         self.cache.release(start + n)
         return out
 
+    def _in_convention(self, rep: _Replacement) -> _Replacement:
+        """The replacement rows with ``input_ids``/``loss_mask`` rebuilt by ``rebuild_in_convention``."""
+        t = rep.table
+        ids = t.column("input_ids").chunk(0)
+        vals, offs = _flat(ids)
+        vals, offs, mask = rebuild_in_convention(vals[offs[0]:offs[-1]], offs - offs[0], self.fmt, self.convention)
+        new_ids = _list_array(vals, offs, ids.type)
+        new_mask = _list_array(mask, offs, t.column("loss_mask").type)
+        t = t.set_column(t.column_names.index("input_ids"), "input_ids", new_ids)
+        t = t.set_column(t.column_names.index("loss_mask"), "loss_mask", new_mask)
+        return _Replacement(local=rep.local, table=t.combine_chunks())
+
     def _check_input(self, src: Path, start: int, rb: pa.RecordBatch) -> None:
         """Refuse null lists or values, negative ids, and mask/label values scan would refuse."""
         def where(r: int) -> str:
@@ -578,10 +767,10 @@ class Merger:
             _refuse_bad_values(rb.column(c), where, c, "labels")
 
     def _failed_reasons(self, sel: np.ndarray) -> np.ndarray:
-        """``regeneration failed: <the shard's error>`` for the index positions ``sel``."""
+        """Why the conversations at index positions ``sel`` were not regenerated (``load_regen_index``:
+        ``regeneration failed: <the shard's error>``, a length cut not accepted, a conversation not finished)."""
         errs = self.index.errors.take(pa.array(sel, type=pa.int64()))
-        text = pc.binary_join_element_wise("regeneration failed: ", errs, "")
-        return pc.fill_null(text, "regeneration failed").to_numpy(zero_copy_only=False).astype(object)
+        return pc.fill_null(errs, "regeneration failed").to_numpy(zero_copy_only=False).astype(object)
 
     def _check_ids(self, rb: pa.RecordBatch, local: np.ndarray, shard_ids: pa.Array, rows: np.ndarray, lo: int) -> None:
         mine = _as_strings(rb.column(self.id_col).take(pa.array(local)))
@@ -644,9 +833,11 @@ class Merger:
     def _check_prompt(self, rb: pa.RecordBatch, rep: _Replacement, start: int) -> None:
         """Refuse a replacement whose prompt tokens are not the dataset row's first ``prompt_len`` tokens."""
         t = rep.table
-        if "prompt_len" not in t.column_names:
+        # Multi-turn: only the tokens before the first regenerated turn come from the row unchanged.
+        name = "kept_len" if "kept_len" in t.column_names else "prompt_len"
+        if name not in t.column_names:
             return
-        plen = t.column("prompt_len").chunk(0)
+        plen = t.column(name).chunk(0)
         known = ~plen.is_null().to_numpy(zero_copy_only=False)
         p = pc.fill_null(plen, 0).to_numpy().astype(np.int64)
         orig = rb.column(self.ids_col)
@@ -821,6 +1012,7 @@ def merge(
     on_batch: Callable[[int], None] | None = None,
     on_start: Callable[[int | None], None] | None = None,
     cache_bytes: int = CACHE_BYTES,
+    accept: Iterable[str] = DEFAULT_ACCEPT,
 ) -> MergeSummary:
     """Merge the regen shards of ``regen_dirs`` into a copy of ``dataset`` at ``out``.
 
@@ -845,14 +1037,22 @@ def merge(
         shards = (d / "shards").resolve()
         if shards == out.resolve() or shards in out.resolve().parents:
             raise InputError(f"--out {out}: inside the regen shards folder {shards}; choose another place")
-    index = load_regen_index(regen)
+    accept = tuple(dict.fromkeys(accept))
+    bad = [a for a in accept if a not in ACCEPT_CHOICES]
+    if bad or "ok" not in accept:
+        raise InputError(f"--accept {','.join(accept)}: expected ok or ok,length")
+    index = load_regen_index(regen, accept)
+    if ds.format == "conversations":
+        return _merge_conversations(ds, regen, out, index, failed, force, accept, t0, on_batch, on_start)
     total = ds.num_rows
     if total is not None:
         _check_rows_in_range(index, total, ds.path)
-    merger = Merger(ds, index, failed, check_prompts, cache_bytes)
+    fmt, convention = run_convention(regen, ds)
+    merger = Merger(ds, index, failed, check_prompts, cache_bytes, fmt, convention)
     summary = MergeSummary(
         dataset=str(ds.path), regen=[str(d) for d in regen], output=str(out), report=str(report_path(out)),
-        format=ds.format, failed_policy=failed,
+        format=ds.format, failed_policy=failed, accept=",".join(accept),
+        convention=convention.describe() if convention is not None else None,
     )
     if on_start:
         on_start(total)
@@ -873,6 +1073,247 @@ def merge(
         report = json.dumps(summary.as_dict(with_rows=True), indent=2, default=str) + "\n"
         writer.commit(companions={report_path(out): report.encode()})
     return summary
+
+
+# --- conversation JSONL -----------------------------------------------------------------------------
+
+
+def _run_tokenizer(regen: list[Path]) -> str | None:
+    for d in regen:
+        cfg = _read_run_json(Path(d)) or {}
+        if cfg.get("tokenizer"):
+            return str(cfg["tokenizer"])
+    return None
+
+
+def _turn_outputs(index: RegenIndex, rows: np.ndarray) -> dict[int, dict[int, np.ndarray]]:
+    """The output tokens of every recorded turn of ``rows``: row -> turn (-1: the final one, for
+    shards of runs before multi-turn) -> output."""
+    import pyarrow.parquet as pq
+
+    out: dict[int, dict[int, np.ndarray]] = {}
+    if rows.size == 0:
+        return out
+    want = pa.array(np.asarray(rows, dtype=np.int64))
+    for p in index.files:
+        names = set(pq.read_schema(p).names)
+        cols = ["row", "status", "input_ids", "prompt_len"] + (["turn"] if "turn" in names else [])
+        t = pq.read_table(p, columns=cols)
+        t = t.filter(pc.and_(pc.is_in(t.column("row"), value_set=want), pc.not_equal(t.column("status"), "failed")))
+        for rec in t.to_pylist():
+            ids = np.asarray(rec["input_ids"], dtype=np.int64)
+            out.setdefault(int(rec["row"]), {})[int(rec.get("turn", -1) if "turn" in names else -1)] = ids[int(rec["prompt_len"]):]
+    return out
+
+
+def split_reply(output: np.ndarray, fmt: Any) -> tuple[str, str | None]:
+    """A regenerated turn's output as ``(content, reasoning_content)`` text, the way SpecForge's
+    regenerated data stores a turn: the think block's text as reasoning (None when there is none),
+    the rest, after ``</think>`` and its newlines, as content; end of turn dropped."""
+    ids = [int(t) for t in output]
+    if ids and ids[-1] == fmt.eot:
+        ids = ids[:-1]
+    ids = [*fmt.think_prefix, *ids] if fmt.think_prefix and (not ids or ids[0] != fmt.think_open) else ids
+    if fmt.think_close is not None and fmt.think_close in ids:
+        cut = len(ids) - 1 - ids[::-1].index(fmt.think_close)
+        inner = ids[:cut]
+        if inner and inner[0] == fmt.think_open:
+            inner = inner[1:]
+        reasoning = fmt.decode(inner).strip("\n")
+        return fmt.decode(ids[cut + 1 :]).lstrip("\n"), reasoning
+    return fmt.decode(ids).lstrip("\n"), None
+
+
+def _merge_conversations(ds: Any, regen: list[Path], out: Path, index: RegenIndex, failed: str, force: bool,
+                         accept: tuple[str, ...], t0: float, on_batch: Callable[[int], None] | None,
+                         on_start: Callable[[int | None], None] | None) -> MergeSummary:
+    """``merge`` for conversation JSONL: NEW is conversation JSONL (same file names, one line per
+    record, blank lines dropped) where each replaced conversation's regenerated assistant turns get
+    the new ``content`` and ``reasoning_content`` (SpecForge's regenerated format; ShareGPT records
+    keep ``from``/``value``), and a ``dqa_regen`` object records the provenance (null elsewhere).
+    Unregenerated rows are kept or dropped as for tokenized data."""
+    from dqa import atomic
+    from dqa.audit.format_conversations import LIST_KEYS, SHAREGPT_ROLES
+    from dqa.audit.template import load_template
+    from dqa.audit.writers import output_is_folder
+    from dqa.errors import DqaError
+
+    tokenizer = _run_tokenizer(regen)
+    if tokenizer is None:
+        raise InputError(f"--regen {regen[0]}: run.json names no tokenizer; conversation JSONL is merged as text, decoded with it")
+    try:
+        fmt = load_template(tokenizer, decode=True)
+    except DqaError as exc:
+        raise InputError(f"--regen {regen[0]}: the run's tokenizer {tokenizer} cannot be loaded ({exc})") from None
+    if fmt.tokenizer is None:
+        raise InputError(f"--regen {regen[0]}: the run's tokenizer {tokenizer} has no tokenizer files to decode the replies with")
+    replace = index.rows[index.status != _FAILED]
+    outputs = _turn_outputs(index, replace)
+    summary = MergeSummary(dataset=str(ds.path), regen=[str(d) for d in regen], output=str(out), report=str(report_path(out)),
+                           format=ds.format, failed_policy=failed, accept=",".join(accept),
+                           convention={"format": "conversation JSONL", "reasoning": "reasoning_content per regenerated turn"})
+    if on_start:
+        on_start(None)
+    status_of = dict(zip(index.rows.tolist(), index.status.tolist()))
+    reason_of = dict(zip(index.rows.tolist(), index.errors.to_pylist()))
+    id_of = dict(zip(index.rows.tolist(), index.ids.to_pylist()))
+    selected = set(index.selected.tolist()) if index.selected is not None else set()
+    prov = _provenance_rows(index, replace)
+    folder = output_is_folder(ds)
+    work = atomic.make_work_dir(out) if folder else None
+    row = 0
+    unregen: list[dict[str, Any]] = []
+    replaced = truncated = 0
+    base = ds.path if ds.path.is_dir() else ds.path.parent
+    try:
+        for f in ds.files:
+            target = (work / f.relative_to(base)) if work is not None else out
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with atomic.atomic_path(target) if work is None else _plain(target) as tmp, open(tmp, "w", encoding="utf-8") as fh, \
+                    open(f, "rb") as src:
+                for n, raw in enumerate(src, 1):
+                    if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                        raw = raw[3:]
+                    if not raw.strip():
+                        continue
+                    obj = json.loads(raw)
+                    st = status_of.get(row)
+                    shard_id = id_of.get(row)
+                    if shard_id is not None and isinstance(obj, dict) and obj.get("id") is not None and str(obj["id"]) != shard_id:
+                        raise InputError(f"{f}: line {n}: row {row} has id {obj['id']!r} but the regen shards' row {row} has id "
+                                         f"{shard_id!r} (regen output of another dataset?)")
+                    if st is not None and st != _FAILED:
+                        key = next(k for k in LIST_KEYS if k in obj)
+                        msgs = obj[key]
+                        asst = [i for i, m in enumerate(msgs)
+                                if SHAREGPT_ROLES.get(m.get("role", m.get("from")), m.get("role", m.get("from"))) == "assistant"]
+                        for turn, output in sorted(outputs.get(row, {}).items()):
+                            i = asst[turn] if turn >= 0 else asst[-1]
+                            content, reasoning = split_reply(output, fmt)
+                            m = msgs[i]
+                            m["value" if "value" in m and "content" not in m else "content"] = content
+                            m["reasoning_content"] = reasoning
+                        obj[PROVENANCE_COLUMN] = prov[row]
+                        replaced += 1
+                        truncated += st == _LENGTH
+                    else:
+                        if st == _FAILED or row in selected and st is None:
+                            why = reason_of.get(row) or "selected for regeneration but absent from the shards"
+                            unregen.append({"row": row, "id": obj.get("id") if isinstance(obj, dict) else None, "reason": why})
+                            if failed == "drop":
+                                row += 1
+                                continue
+                        obj.setdefault(PROVENANCE_COLUMN, None)
+                    fh.write(json.dumps(obj, ensure_ascii=False) + "\n")
+                    row += 1
+            if on_batch:
+                on_batch(n)
+        _check_rows_in_range(index, row, ds.path)
+        summary.rows_in = row
+        summary.replaced = replaced
+        summary.truncated = int(truncated)
+        summary.unregenerated = len(unregen)
+        summary.kept = 0 if failed == "drop" else len(unregen)
+        summary.dropped = len(unregen) if failed == "drop" else 0
+        summary.rows_out = row - summary.dropped
+        summary.untouched = row - replaced - len(unregen)
+        summary.unregenerated_rows = unregen
+        summary.selection = index.selection_notes
+        summary.elapsed_s = round(time.perf_counter() - t0, 3)
+        report = json.dumps(summary.as_dict(with_rows=True), indent=2, default=str) + "\n"
+        if work is not None:
+            atomic.replace_dir(work, out)
+            work = None
+        atomic.write_bytes(report_path(out), report.encode())
+    finally:
+        if work is not None:
+            import shutil
+
+            shutil.rmtree(work, ignore_errors=True)
+    return summary
+
+
+class _plain:
+    """``atomic_path``'s interface for a file inside a work folder (the folder is renamed as a whole)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self) -> Path:
+        return self.path
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _provenance_rows(index: RegenIndex, rows: np.ndarray) -> dict[int, dict[str, Any]]:
+    """The ``dqa_regen`` object (JSON-ready) of each replaced row, from its final record."""
+    import pyarrow.parquet as pq
+
+    out: dict[int, dict[str, Any]] = {}
+    if rows.size == 0:
+        return out
+    pos = np.searchsorted(index.rows, rows)
+    groups: dict[tuple[int, int], pa.Table] = {}
+    names = [f.name for f in PROVENANCE_TYPE]
+    for k, r in zip(pos.tolist(), rows.tolist()):
+        key = (int(index.file[k]), int(index.group[k]))
+        if key not in groups:
+            pf = pq.ParquetFile(index.files[key[0]])
+            groups[key] = pf.read_row_group(key[1], columns=[c for c in names if c in pf.schema_arrow.names])
+        rec = groups[key].slice(int(index.offset[k]), 1).to_pylist()[0]
+        out[int(r)] = {f.name: (rec.get(f.name).isoformat() if f.name == "completed_at" and rec.get(f.name) is not None else rec.get(f.name))
+                       for f in PROVENANCE_TYPE}
+    return out
+
+
+def run_convention(regen: list[Path], ds: Any) -> tuple[Any, Convention | None]:
+    """The chat format the runs used (run.json ``tokenizer``) and the input's masking convention: the
+    ``conventions`` of the scan whose findings the run read (``summary.json`` beside them), else
+    detected from the input's first rows. ``(None, None)`` when no run.json names a tokenizer: the
+    shards' masks are then used as they are (0 over the prompt, 1 over the output). Raises
+    ``InputError`` when the named tokenizer cannot be loaded."""
+    from dqa.audit.template import load_template
+    from dqa.errors import DqaError
+
+    tokenizer = findings = None
+    for d in regen:
+        cfg = _read_run_json(Path(d)) or {}
+        if cfg.get("tokenizer"):
+            tokenizer, findings = cfg["tokenizer"], cfg.get("findings")
+            break
+    if tokenizer is None:
+        return None, None
+    try:
+        fmt = load_template(str(tokenizer), decode=False)
+    except DqaError as exc:
+        raise InputError(f"--regen {regen[0]}: the run's tokenizer {tokenizer} cannot be loaded ({exc}); merge masks the "
+                         "regenerated samples with its chat format") from None
+    if findings:
+        folder = Path(findings) if Path(findings).is_dir() else Path(findings).parent
+        summary = folder / "summary.json"
+        try:
+            conv = json.loads(summary.read_text()).get("conventions")
+        except (OSError, ValueError, AttributeError):
+            conv = None
+        if isinstance(conv, dict) and conv:
+            return fmt, Convention.from_detected(conv, fmt, str(summary))
+    return fmt, Convention.from_detected(_detect_conventions(ds, fmt), fmt, f"{ds.path} (first rows)")
+
+
+def _detect_conventions(ds: Any, fmt: Any, rows: int = 4096) -> dict[str, Any]:
+    """``detect_conventions`` over the input's first ``rows`` rows."""
+    import polars as pl
+
+    from dqa.audit.chat_format import detect_conventions
+    from dqa.audit.kernels import KernelTables, batch_metrics
+
+    try:
+        batch = next(iter(ds.batches(batch_rows=rows)))
+    except StopIteration:
+        return {}
+    metrics = batch_metrics(batch, KernelTables.build(fmt))
+    return detect_conventions(pl.DataFrame(metrics), fmt)
 
 
 def _check_rows_in_range(index: RegenIndex, total: int, path: Path) -> None:

@@ -124,6 +124,11 @@ class Progress:
         else:
             self.failed += 1
 
+    def record_turn(self, output_tokens: int) -> None:
+        """An earlier turn of a conversation finished: its tokens count, the conversation is not done yet."""
+        self.output_tokens += output_tokens
+        self.session_output_tokens += output_tokens
+
     def _rates(self, now: float) -> tuple[float, float]:
         s = self._samples
         s.append((now, self.session_done, self.session_output_tokens))

@@ -1,9 +1,16 @@
 """Token-exact prompts for regeneration, the per-sample seed, and ChatML turns for the openai protocol.
 
-The prompt of a sample is its own ``input_ids`` up to and including the LAST
-assistant header (``<|im_start|>assistant\\n`` for Qwen3); everything after it
-is dropped, which removes a prefilled empty ``<think>\\n\\n</think>\\n\\n``
-block, so the model thinks. Nothing is re-tokenized.
+Single turn (``prompt_ends``, and a conversation whose only regenerated turn is its last): the
+prompt is the sample's own ``input_ids`` up to its assistant header, then the chat format's
+generation prompt with thinking on (the header alone for Qwen3; ``<think>\n`` follows it for
+Qwen3.5/3.6). Everything after it is dropped, which removes a prefilled empty
+``<think>\n\n</think>\n\n`` block, so the model thinks. Nothing is re-tokenized.
+
+Multi-turn (``Conversation``): turns are regenerated in order, each on the regenerated history:
+turn ``k``'s prompt is the row up to the first regenerated turn's header, then every earlier
+regenerated turn as the template renders history (``history_form``: Qwen3's and Qwen3.6's
+templates drop its reasoning) with the template's post-end-of-turn tokens, the original user
+turns between them, and the generation prompt. Kept tokens are the row's or the server's own.
 """
 
 from __future__ import annotations
@@ -179,3 +186,167 @@ class ChatTokenizer:
         except (OSError, ValueError):
             return {}
         return config if isinstance(config, dict) else {}
+
+
+# ----------------------------------------------------------------------------- multi-turn
+
+TURN_MODES = ("flagged", "all", "last")
+
+
+def header_starts(ids: np.ndarray, offsets: np.ndarray, header: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Every assistant header of every row: ``(positions in ids, rows)``, both sorted by position.
+
+    Vectorized like ``prompt_ends``; a header that would cross a row boundary does not count.
+    """
+    k = len(header)
+    n = ids.size
+    empty = np.zeros(0, dtype=np.int64)
+    if len(offsets) < 2 or k == 0 or n < k:
+        return empty, empty
+    cand = np.flatnonzero(ids[: n - k + 1] == header[0])
+    for j in range(1, k):
+        cand = cand[ids[cand + j] == header[j]]
+    if cand.size == 0:
+        return empty, empty
+    row = np.searchsorted(offsets, cand, side="right") - 1
+    inside = cand + k <= offsets[row + 1]
+    return cand[inside].astype(np.int64), row[inside].astype(np.int64)
+
+
+def newline_ids(fmt) -> frozenset[int]:
+    """Ids of the format's tokens whose text is only newlines (what ``str.lstrip("\\n")`` removes):
+    the boilerplate ids decoded when a tokenizer is at hand, else the format's newline and
+    Qwen's ``"\\n\\n"`` when the format is a Qwen preset."""
+    cached = fmt._lazy.get("newline_ids")
+    if cached is not None:
+        return cached
+    out = {fmt.newline} if fmt.newline is not None else set()
+    tok = None
+    try:
+        tok = fmt.tokenizer
+    except Exception:  # noqa: BLE001 - no tokenizer files: the fallback below
+        tok = None
+    if tok is not None:
+        for i in fmt.boilerplate:
+            text = tok.decode([int(i)], skip_special_tokens=False)
+            if text and set(text) == {"\n"}:
+                out.add(int(i))
+    elif fmt.newline == 198:  # the Qwen presets without their tokenizer files: "\n\n" is 271
+        out.add(271)
+    result = frozenset(int(i) for i in out if i is not None)
+    fmt._lazy["newline_ids"] = result
+    return result
+
+
+def history_form(output: np.ndarray, fmt) -> np.ndarray:
+    """A regenerated turn's tokens as the chat template renders them in the history of a later turn.
+
+    ``output`` is what the server returned after the generation prompt (ending in end of turn).
+    When the template drops history reasoning (Qwen3, Qwen3.5/3.6: ``content.split("</think>")[-1]
+    .lstrip("\\n")``), the tokens through ``</think>`` and the newline tokens after it are cut;
+    otherwise the turn keeps its thinking, with the generation prompt's think prefix
+    (``<think>\\n`` for Qwen3.5/3.6) put back in front. The kept tokens are the server's own:
+    nothing is re-tokenized.
+    """
+    out = np.asarray(output, dtype=np.int32)
+    if fmt.drops_history_reasoning:
+        if fmt.think_close is not None:
+            close = np.flatnonzero(out == fmt.think_close)
+            if close.size:
+                out = out[int(close[-1]) + 1 :]
+        nl = newline_ids(fmt)
+        k = 0
+        while k < out.size and int(out[k]) in nl:
+            k += 1
+        return out[k:]
+    return np.concatenate([np.asarray(fmt.think_prefix, dtype=np.int32), out]) if fmt.think_prefix else out
+
+
+class Conversation:
+    """One selected sample on its way through regeneration, turn by turn.
+
+    ``orig`` holds the row's tokens; ``heads`` the start of each assistant header; ``ends`` the end of
+    each original assistant turn (past its end of turn and the tokens the template puts after it,
+    cut at the next header). Turns ``first .. n_turns - 1`` are regenerated in order; ``outputs``
+    collects the server's output of each finished one. Turn ``k``'s prompt is the row up to the first
+    regenerated turn's header, then, for each earlier regenerated turn, the header, its
+    ``history_form`` and the template's post-end-of-turn tokens, followed by the original tokens up to
+    the next header (the user's message); then the generation prompt with thinking on.
+    """
+
+    __slots__ = ("row", "sample_id", "key", "orig", "heads", "ends", "first", "outputs", "fmt", "seed_base", "gen")
+
+    def __init__(self, row: int, sample_id: str | None, orig: np.ndarray, heads: np.ndarray, ends: np.ndarray,
+                 first: int, fmt, seed_base: int = 0, gen: tuple[int, ...] | None = None):
+        self.row = row
+        self.sample_id = sample_id
+        self.key = sample_id if sample_id is not None else str(row)
+        self.orig = orig
+        self.heads = heads
+        self.ends = ends
+        self.first = first
+        self.outputs: dict[int, np.ndarray] = {}
+        self.fmt = fmt
+        self.seed_base = seed_base
+        self.gen = np.asarray(fmt.generation_prompt if gen is None else gen, dtype=np.int32)  # what ends every prompt
+
+    @property
+    def n_turns(self) -> int:
+        return int(self.heads.size)
+
+    @property
+    def kept_len(self) -> int:
+        """Tokens at the start of every prompt copied from the row unchanged (through the first
+        regenerated turn's header)."""
+        return int(self.heads[self.first]) + len(self.fmt.assistant_header)
+
+    def next_turn(self) -> int:
+        """The first turn not yet regenerated."""
+        k = self.first
+        while k in self.outputs:
+            k += 1
+        return k
+
+    def prompt(self, k: int) -> np.ndarray:
+        fmt = self.fmt
+        header = np.asarray(fmt.assistant_header, dtype=np.int32)
+        post = np.asarray(fmt.post_eot or (), dtype=np.int32)
+        parts = [self.orig[: int(self.heads[self.first])]]
+        for j in range(self.first, k):
+            out = self.outputs[j]
+            parts.append(header)
+            parts.append(history_form(out, fmt))
+            if out.size and int(out[-1]) == fmt.eot and post.size:
+                parts.append(post)
+            parts.append(self.orig[int(self.ends[j]) : int(self.heads[j + 1])])
+        parts.append(self.gen)
+        return np.concatenate(parts).astype(np.int32, copy=False)
+
+    def seed(self, k: int) -> int:
+        """The final turn keeps the sample's seed (single-turn data: as before); earlier turns get their own."""
+        key = self.key if k == self.n_turns - 1 else f"{self.key}:turn{k}"
+        return sample_seed(key, self.seed_base)
+
+
+def turn_ends(ids: np.ndarray, heads: np.ndarray, fmt) -> np.ndarray:
+    """Per assistant header of one row: where its original turn ends (past end of turn and the
+    template's tokens after it, never past the next header or the row's end)."""
+    n = ids.size
+    hlen = len(fmt.assistant_header)
+    eots = np.flatnonzero(ids == fmt.eot)
+    nxt = np.append(heads[1:], n)
+    out = np.empty(heads.size, dtype=np.int64)
+    post = tuple(fmt.post_eot or ())
+    for i, h in enumerate(heads):
+        j = np.searchsorted(eots, h + hlen)
+        if j < eots.size and eots[j] < nxt[i]:
+            e = int(eots[j]) + 1
+            for t in post:
+                if e < nxt[i] and int(ids[e]) == t:
+                    e += 1
+                else:
+                    break
+        else:
+            e = int(nxt[i])
+        out[i] = min(e, int(nxt[i]))
+    return out

@@ -34,9 +34,11 @@ from dqa import atomic
 from dqa.errors import EXIT_OK, EXIT_RUNTIME, InputError, UsageError
 from dqa.regen.client import OpenAIProtocol, Sampling, SglangProtocol
 from dqa.regen.dispatch import DispatchSettings, Dispatcher
-from dqa.regen.journal import Journal, list_shards, recover
+from dqa.regen.journal import Journal, list_shards, partial_outputs, recover
+from dqa.regen.prompts import TURN_MODES
 from dqa.regen.progress import Progress, render
-from dqa.regen.selection import check_findings_for, findings_for, iter_jobs, narrow, parse_shard, selected_rows, selection_digest
+from dqa.regen.selection import (check_findings_for, findings_for, iter_turn_jobs, narrow, parse_shard, read_first_turns,
+                                 selected_rows, selection_digest)
 from dqa.regen.upload import Target, Uploader, is_url, local_path, pull_shards, stage_dir
 from dqa.regen.urls import strip_userinfo
 
@@ -83,6 +85,7 @@ class RegenConfig:
     tokenizer: str | None = "qwen3"
     retry_failed: bool = False
     seed_base: int = 0
+    turns: str = "flagged"  # which assistant turns of a conversation: flagged (from the first flagged on), all, last
     # durability and timing
     shard_rows: int = 20_000
     shard_seconds: float = 300.0
@@ -357,12 +360,18 @@ def _regenerate(config: RegenConfig) -> RunResult:
         headers["Authorization"] = f"Bearer {key}"
     gpus = c.gpus if c.gpus is not None else (fleet.gpu_count if fleet else len(urls))
     shard = parse_shard(c.shard)
+    if c.turns not in TURN_MODES:
+        raise UsageError(f"--turns {c.turns!r}: expected one of {', '.join(TURN_MODES)}")
     remote = is_url(c.out)
     if not remote:  # a bad --out is refused before any input is read or any tokenizer loaded
         _check_out_folder(local_path(c.out))
 
     # --- dataset, selection, template ----------------------------------------------------
     ds = open_dataset(c.dataset, c.ids_column, c.mask_column, c.labels_column, c.id_column)
+    early_spec = None
+    if ds.format == "conversations":  # rendered with the chat template at read time (as dqa scan reads it)
+        early_spec = load_template(c.tokenizer, decode=True)
+        ds.set_chat_format(early_spec)
     num_rows = _count_rows(ds)
     # Resolved: run.json records it for `dqa merge`, which may run from another directory.
     findings = (Path(c.findings) if c.findings else findings_for(c.dataset)).resolve()
@@ -378,12 +387,15 @@ def _regenerate(config: RegenConfig) -> RunResult:
             "reasons": sorted(c.reasons) if c.reasons else None,
             "rows_sha256": selection_digest(rows_all),
             "shard": f"{shard[0]}/{shard[1]}",
+            "turns": c.turns,
         },
     }
     if not remote:  # a folder made for another dataset or selection: refused before the template is read
         _check_identity(local_path(c.out) / "run.json", identity, ("dataset", "selection"))
-    spec = load_template(c.tokenizer, decode=protocol_name == "openai")
+    spec = early_spec or load_template(c.tokenizer, decode=protocol_name == "openai")
     identity["sampling"] = {**sampling.as_dict(), "seed_base": c.seed_base, "template": list(spec.assistant_header)}
+    if spec.think_prefix and protocol_name != "openai":  # the generation prompt goes past the header (Qwen3.5/3.6: "<think>\n")
+        identity["sampling"]["generation_prompt"] = list(spec.generation_prompt)
     if protocol_name == "openai" and spec.tokenizer_dir is None:
         raise UsageError("--protocol openai renders replies with the chat template: give --tokenizer PATH (a folder with tokenizer.json)")
 
@@ -418,6 +430,8 @@ def _regenerate(config: RegenConfig) -> RunResult:
             )
         done_mask = np.isin(rows, rec.rows)
         todo = rows[~done_mask]
+        # Conversations an earlier session left half done continue at their next turn.
+        partial = partial_outputs(out, rec.partial[np.isin(rec.partial, todo)]) if rec.partial.size else {}
         facts: dict[str, Any] = {}
         servers_info = _prior_servers_info(out / "run.json", urls)  # a rerun with nothing to do keeps them
         if todo.size:
@@ -427,6 +441,8 @@ def _regenerate(config: RegenConfig) -> RunResult:
 
             facts = preflight(urls, protocol_name, headers, connect_timeout=c.connect_timeout,
                               info_timeout=min(c.health_timeout, 10.0), window=c.preflight_window)
+            if isinstance(protocol, OpenAIProtocol):
+                protocol.use_facts(facts)  # token-exact chat route where the probe found it (issue 11, item 2)
             for u, f in facts.items():
                 if f is None:
                     log(f"{strip_userinfo(u)}: not reachable at start-up; waiting for it with the others")
@@ -450,7 +466,8 @@ def _regenerate(config: RegenConfig) -> RunResult:
             "max_in_flight": c.max_in_flight,
             "gpus": gpus,
             "gpu_hour_cost": c.gpu_hour_cost,
-            "tokenizer": c.tokenizer,
+            # resolved when it is a folder, so that `dqa merge` finds the chat format from anywhere
+            "tokenizer": str(Path(c.tokenizer).resolve()) if c.tokenizer and Path(c.tokenizer).is_dir() else c.tokenizer,
             "mirror": [strip_userinfo(m) for m in c.mirror],
             # What each server said about itself, and whether the per-row seeds reproduce outputs.
             **servers_info,
@@ -481,7 +498,10 @@ def _regenerate(config: RegenConfig) -> RunResult:
             request_timeout=c.request_timeout,
             connect_timeout=c.connect_timeout,
         )
-        source = iter_jobs(ds, todo, spec.assistant_header, c.seed_base)
+        first_flagged = read_first_turns(findings, todo) if c.failed_only and c.turns == "flagged" else None
+        # openai: the server renders the generation prompt from messages; the prompt ends at the header
+        gen = tuple(spec.assistant_header) if protocol_name == "openai" else None
+        source = iter_turn_jobs(ds, todo, spec, c.turns, first_flagged, partial, c.seed_base, generation_prompt=gen)
         journal.start()
 
         def journal_error() -> str | None:

@@ -24,7 +24,7 @@ import numpy as np
 from dqa.arrays import ranks as _ranks
 from dqa.errors import InputError, UsageError
 from dqa.regen.client import Job
-from dqa.regen.prompts import NO_HEADER, prompt_ends, sample_seed
+from dqa.regen.prompts import NO_HEADER, TURN_MODES, Conversation, header_starts, prompt_ends, sample_seed, turn_ends
 
 def parse_shard(text: str | None) -> tuple[int, int]:
     """``"i/N"`` -> ``(i, N)``; None -> ``(0, 1)``. Raises ``UsageError`` unless ``0 <= i < N``."""
@@ -200,6 +200,170 @@ def selection_digest(rows: np.ndarray) -> str:
     """sha256 of the rows of ``selected_rows`` (little-endian int64): run.json's ``rows_sha256``,
     which ties an output folder to its selection and lets ``dqa merge`` check it can rebuild it."""
     return hashlib.sha256(np.ascontiguousarray(rows, dtype="<i8").tobytes()).hexdigest()
+
+
+class TurnJob(Job):
+    """A ``Job`` for one assistant turn of a conversation: ``turn`` (0-based among the sample's
+    assistant turns), ``turns`` (how many it has), ``kept_len`` (prompt tokens copied from the row
+    unchanged) and, for a conversation with later turns to regenerate, ``conv`` (the
+    ``Conversation``) to build the next turn's job from this one's output."""
+
+    __slots__ = ("conv", "turn", "turns", "kept_len")
+
+    def __init__(self, row, sample_id, prompt, seed, turn: int, turns: int, kept_len: int, conv=None, error=None):
+        super().__init__(row, sample_id, prompt, seed, error)
+        self.turn = turn
+        self.turns = turns
+        self.kept_len = kept_len
+        self.conv = conv
+        if conv is not None and turn != turns - 1:
+            self.key = f"{self.key}:turn{turn}"  # the rid of an earlier turn differs from the final turn's
+
+    def next_job(self, output: np.ndarray) -> "TurnJob | None":
+        """After this turn finished ``ok`` with ``output``: the job of the conversation's next turn, or None."""
+        conv = self.conv
+        if conv is None or self.turn + 1 >= self.turns:
+            return None
+        conv.outputs[self.turn] = np.asarray(output, dtype=np.int32)
+        return turn_job(conv, self.turn + 1)
+
+
+def turn_job(conv: Conversation, k: int) -> TurnJob:
+    """The job of turn ``k`` of ``conv`` (its earlier regenerated turns' outputs in ``conv.outputs``)."""
+    return TurnJob(conv.row, conv.sample_id, conv.prompt(k), conv.seed(k), k, conv.n_turns, conv.kept_len, conv)
+
+
+def read_first_turns(path: Path, rows: np.ndarray) -> np.ndarray:
+    """Per row of ``rows`` (sorted): the first flagged turn in the findings' ``turns`` column, or -1
+    (no ``turns`` column, an empty list: only whole-sample checks flag it, or a row not in the file)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    out = np.full(rows.size, -1, dtype=np.int64)
+    if path.is_dir():
+        path = path / "findings.parquet"
+    try:
+        if "turns" not in pq.read_schema(path).names:
+            return out
+        t = pq.read_table(path, columns=["row", "turns"])
+    except (pa.ArrowException, OSError):
+        return out
+    col = t.column("turns").combine_chunks()
+    if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)) or len(col) == 0:
+        return out
+    flat = pc.fill_null(col.flatten(), -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    parents = pc.list_parent_indices(col).to_numpy().astype(np.int64)
+    keep = flat >= 0
+    mins = np.full(len(col), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(mins, parents[keep], flat[keep])
+    f_rows = t.column("row").to_numpy().astype(np.int64)
+    has = mins != np.iinfo(np.int64).max
+    f_rows, mins = f_rows[has], mins[has]
+    order = np.argsort(f_rows, kind="stable")
+    f_rows, mins = f_rows[order], mins[order]
+    pos = np.searchsorted(f_rows, rows)
+    hit = (pos < f_rows.size) & (f_rows[np.minimum(pos, max(f_rows.size - 1, 0))] == rows) if f_rows.size else np.zeros(rows.size, bool)
+    out[hit] = mins[pos[hit]]
+    return out
+
+
+def iter_turn_jobs(dataset, rows: np.ndarray, fmt, mode: str = "flagged", first_flagged: np.ndarray | None = None,
+                   partial: dict[int, dict[int, np.ndarray]] | None = None, seed_base: int = 0,
+                   batch_rows: int = 4096, generation_prompt: tuple[int, ...] | None = None) -> Iterator[list[Job]]:
+    """Stream the first pending turn's ``TurnJob`` of each selected row, one list per dataset batch.
+
+    Which turns a conversation regenerates (``mode``): ``last`` its final assistant turn; ``all``
+    every assistant turn; ``flagged`` from the first turn the findings flag (``first_flagged``,
+    aligned with ``rows``; -1 or out of range: the final turn) to the last. A conversation in
+    ``partial`` (turn -> output of the turns an earlier session recorded ok) continues at its next
+    turn on that regenerated history. Every prompt ends in ``generation_prompt`` (default: the
+    format's, thinking on; the openai protocol passes the bare header, its server's template adds
+    the rest). A row without an assistant header becomes a job with
+    ``error`` set (recorded as failed, never sent). Header positions come from one vectorized
+    pass per batch; a conversation's turn bounds and prompt are built per conversation.
+    """
+    if mode not in TURN_MODES:
+        raise UsageError(f"--turns {mode!r}: expected one of {', '.join(TURN_MODES)}")
+    if rows.size == 0:
+        return
+    partial = partial or {}
+    header = tuple(fmt.assistant_header)
+    hlen = len(header)
+    gen_ids = tuple(fmt.generation_prompt if generation_prompt is None else generation_prompt)
+    gen = np.asarray(gen_ids, dtype=np.int32)
+    last = int(rows[-1])
+    for b in dataset.batches(batch_rows=batch_rows):
+        lo, hi = b.start_row, b.start_row + b.num_rows
+        i0, i1 = np.searchsorted(rows, [lo, hi])
+        if i1 > i0:
+            local = rows[i0:i1] - lo
+            hpos, hrow = header_starts(b.ids, b.offsets, header)
+            h_lo = np.searchsorted(hrow, local, side="left")
+            h_hi = np.searchsorted(hrow, local, side="right")
+            ids_col = b.row_ids.take(local).cast("string").to_pylist() if b.row_ids is not None else [None] * local.size
+            jobs: list[Job] = []
+            for k in range(local.size):
+                row = lo + int(local[k])
+                sid = ids_col[k]
+                key = sid if sid is not None else str(row)
+                n = int(h_hi[k] - h_lo[k])
+                if n == 0:
+                    err = f"row {row}: no assistant header in input_ids; nothing to regenerate from"
+                    jobs.append(TurnJob(row, sid, np.zeros(0, np.int32), sample_seed(key, seed_base), -1, 0, 0, error=err))
+                    continue
+                start = int(b.offsets[local[k]])
+                heads = hpos[h_lo[k]:h_hi[k]] - start
+                done = partial.get(row)
+                if done:
+                    first = min(done)
+                elif mode == "all":
+                    first = 0
+                elif mode == "flagged" and first_flagged is not None and 0 <= int(first_flagged[i0 + k]) < n:
+                    first = int(first_flagged[i0 + k])
+                else:
+                    first = n - 1
+                orig = b.ids[start : int(b.offsets[local[k] + 1])]
+                if first == n - 1 and not done:
+                    # One turn to regenerate (all single-turn data): the row up to that header, then
+                    # the generation prompt; no conversation state to carry.
+                    cut = int(heads[first])
+                    prompt = np.concatenate([orig[:cut], gen]).astype(np.int32, copy=False)
+                    jobs.append(TurnJob(row, sid, prompt, sample_seed(key, seed_base), first, n, cut + hlen))
+                    continue
+                orig = np.array(orig, dtype=np.int32)  # kept past the batch, for later turns' prompts
+                conv = Conversation(row, sid, orig, heads.astype(np.int64), turn_ends(orig, heads, fmt), first, fmt, seed_base, gen_ids)
+                for t, out in (done or {}).items():
+                    conv.outputs[t] = out
+                nxt = conv.next_turn()
+                if nxt >= n:
+                    continue  # every turn recorded (recovery counts it as ended; not expected here)
+                jobs.append(turn_job(conv, nxt))
+            _prebuild_texts(jobs)
+            yield jobs
+        if hi > last:
+            return
+
+
+def _prebuild_texts(jobs: list[Job]) -> None:
+    """Each sendable job's prompt as JSON list items (``b"1,2,3"``), built for the whole list with
+    Arrow kernels (off the event loop, without the GIL), as ``iter_jobs`` does."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    todo = [j for j in jobs if j.error is None]
+    if not todo:
+        return
+    lens = np.fromiter((j.prompt.size for j in todo), dtype=np.int64, count=len(todo))
+    p_off = np.zeros(len(todo) + 1, dtype=np.int64)
+    np.cumsum(lens, out=p_off[1:])
+    values = np.concatenate([j.prompt for j in todo]).astype(np.int32, copy=False)
+    listed = pa.ListArray.from_arrays(pa.array(p_off.astype(np.int32)), pa.array(values, pa.int32()))
+    text = pc.binary_join(pa.ListArray.from_arrays(listed.offsets, pc.cast(listed.values, pa.string())), ",")
+    t_off = np.frombuffer(text.buffers()[1], dtype=np.int32, count=len(text) + 1, offset=text.offset * 4)
+    t_data = text.buffers()[2].to_pybytes() if text.buffers()[2] is not None else b""
+    for k, j in enumerate(todo):
+        j.prompt_text = t_data[t_off[k] : t_off[k + 1]]
 
 
 def iter_jobs(dataset, rows: np.ndarray, header: tuple[int, ...], seed_base: int = 0, batch_rows: int = 4096) -> Iterator[list[Job]]:

@@ -247,9 +247,8 @@ def test_a_folder_of_conversation_shards_reads_in_order(tmp_path):
     assert ids == [r["id"] for r in recs[:6]]
 
 
-def test_regen_refuses_conversation_jsonl_with_one_line(cli, tmp_path):
+def test_conversation_jsonl_without_a_chat_format_names_the_fix(tmp_path):
     path = write_jsonl(tmp_path / "set.jsonl", [GOOD])
-    result = cli("regen", path, "--all", "--endpoint", "http://127.0.0.1:9", "--out", tmp_path / "regen-out")
-    assert result.exit_code == 2, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "regenerate after tokenizing" in lines[0] and "not yet supported" in lines[0], result.stderr
+    ds = open_dataset(path)
+    with pytest.raises(InputError, match=r"set.jsonl: conversation JSONL is rendered with a chat template when it is read: give --tokenizer"):
+        next(iter(ds.batches(batch_rows=2)))

@@ -39,14 +39,14 @@ def test_gate_fails_before_regeneration_and_passes_after(tmp_path):
     truth = pl.read_parquet(tmp_path / "data" / "truth.parquet")
     planted = truth.filter(pl.col("planted").list.len() > 0).height
 
-    scan = json.loads(dqa("scan", data, "--out", tmp_path / "scan", "--json", ok=(1,)).stdout)
+    scan = json.loads(dqa("scan", data, "--tokenizer", "qwen3.6", "--out", tmp_path / "scan", "--json", ok=(1,)).stdout)
     assert scan["failing_rows"] == planted
     dqa("gate", tmp_path / "scan", "--out", tmp_path / "gate-before", ok=(1,))
 
-    stub = StubServer(tmp_path / "stub", "--latency-s", "0.002").start()
+    stub = StubServer(tmp_path / "stub", "--latency-s", "0.002", "--vocab", "qwen3.6").start()
     try:
         progress = json.loads(dqa("regen", data, "--failed-only", "--findings", tmp_path / "scan", "--endpoint", stub.url,
-                                  "--out", tmp_path / "regen", "--json").stdout)
+                                  "--tokenizer", "qwen3.6", "--out", tmp_path / "regen", "--json").stdout)
     finally:
         stub.stop()
     assert progress["state"] == "finished"
@@ -54,7 +54,7 @@ def test_gate_fails_before_regeneration_and_passes_after(tmp_path):
 
     merged = tmp_path / "release" / "example.parquet"
     dqa("merge", data, "--regen", tmp_path / "regen", "--out", merged)
-    after = json.loads(dqa("scan", merged, "--out", tmp_path / "scan-after", "--json").stdout)
+    after = json.loads(dqa("scan", merged, "--tokenizer", "qwen3.6", "--out", tmp_path / "scan-after", "--json").stdout)
     assert after["failing_rows"] == 0 and after["rows"] == scan["rows"]
     assert after["thinking_expected"] is True
     dqa("gate", tmp_path / "scan-after", "--out", tmp_path / "gate-after")
@@ -73,20 +73,30 @@ def test_gate_fails_before_regeneration_and_passes_after(tmp_path):
 @pytest.mark.slow
 def test_the_chain_runs_against_a_real_cpu_model_server(tmp_path, transformers_server):
     url, model = transformers_server
-    data = build_example(tmp_path / "data", rows=120, seed=5)
+    data = build_example(tmp_path / "data", rows=120, seed=5, template="qwen3")  # the CPU model server is Qwen3
     dqa("scan", data, "--out", tmp_path / "scan", "--quiet", ok=(1,))
     progress = json.loads(dqa("regen", data, "--findings", tmp_path / "scan", "--endpoint", url, "--protocol", "openai",
                               "--model", model, "--limit", "4", "--max-new-tokens", "12", "--max-in-flight", "2",
                               "--out", tmp_path / "regen", "--json").stdout)
     assert progress["done"] == 4 and progress["failed"] == 0
     merged = tmp_path / "merged.parquet"
-    dqa("merge", data, "--regen", tmp_path / "regen", "--out", merged)
+    dqa("merge", data, "--regen", tmp_path / "regen", "--out", merged, "--accept", "ok,length")  # --max-new-tokens 12: cut replies
 
     shards = pl.concat([pl.read_parquet(p) for p in sorted((tmp_path / "regen" / "shards").glob("*.parquet"))])
     new = pl.read_parquet(merged)
-    for rec in shards.iter_rows(named=True):  # four rows
+    original = pl.read_parquet(data)
+    assert shards["row"].n_unique() == 4  # four conversations (a flagged earlier turn gives a record per turn)
+    last = shards.sort("turn").group_by("row").last()  # each conversation's last record
+    for rec in last.iter_rows(named=True):
         row = new.row(rec["row"], named=True)
+        if rec["turn"] < rec["turns"] - 1:  # cut by the length limit before its final turn: the original stays
+            assert row["input_ids"] == original.row(rec["row"], named=True)["input_ids"]
+            continue
         assert row["input_ids"] == rec["input_ids"]
-        assert row["loss_mask"] == [0] * rec["prompt_len"] + [1] * rec["output_tokens"]
+        # Masked in the input's convention: the output trained; the prompt as the input masks it (its earlier
+        # assistant turns trained where every turn is, SpecForge's default).
+        assert row["loss_mask"][rec["prompt_len"]:] == [1] * rec["output_tokens"]
+        if rec["kept_len"] == rec["prompt_len"]:  # one regenerated turn: the prompt is the row's own tokens
+            assert row["loss_mask"][: rec["kept_len"]] == original.row(rec["row"], named=True)["loss_mask"][: rec["kept_len"]]
     rescan = json.loads(dqa("scan", merged, "--out", tmp_path / "scan-after", "--json", ok=(0, 1)).stdout)
     assert rescan["rows"] == 120

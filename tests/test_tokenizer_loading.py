@@ -42,7 +42,7 @@ def tok_folder(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def example(tmp_path_factory) -> Path:
-    return build_example(tmp_path_factory.mktemp("example"), rows=ROWS, seed=3)
+    return build_example(tmp_path_factory.mktemp("example"), rows=ROWS, seed=3, template="qwen3")  # vs the Qwen3 folder
 
 
 # Real Qwen3 text: chat turns, think blocks (empty, filled, unclosed), tool-call tags,

@@ -32,6 +32,7 @@ def merge(
         True, "--check-prompts/--no-check-prompts",
         help="Refuse shards whose prompt tokens are not the dataset row's first prompt_len tokens.",
     ),
+    accept: str = typer.Option("ok", "--accept", help="Which regenerated conversations replace their originals: ok (default: only complete replies; one cut by --max-new-tokens has unclosed thinking and no end of turn, which the release scan flags as truncated and which trains the model to stop mid-thought, so the original is kept and listed in the report) or ok,length (also those cut by the length limit)."),
     batch_rows: int = typer.Option(2048, help="Rows per streamed batch (memory is bounded by the batch)."),
     ids_column: Optional[str] = typer.Option(None, help="Token ids column (default: the one given to dqa regen, else input_ids)."),
     mask_column: Optional[str] = typer.Option(None, help="0/1 loss mask column (default: the one given to dqa regen, else loss_mask, if present)."),
@@ -43,19 +44,24 @@ def merge(
     """Merge regenerated samples into a new copy of the dataset.
 
     Writes NEW in the input's format and file layout (parquet file or shard folder with the
-    same file names, Arrow IPC file or stream, JSONL, HF save_to_disk folder). Each row that
-    dqa regen completed (shard status ok, or length: truncated but kept, and flagged by the
-    next scan) replaces its original: input_ids = prompt + output; loss_mask (same value
-    type as the input) 0 over the prompt and 1 over the output, or labels = the id where
-    the mask is 1 and -100 elsewhere; attention_mask, if present, all ones. Other columns
-    stay. A `dqa_regen` column records endpoint, model, finish_reason, status, sampling and
-    completed_at (null for untouched rows; JSON text in JSONL, `null` for untouched rows).
-    Row order is kept.
+    same file names, Arrow IPC file or stream, JSONL, HF save_to_disk folder). Each
+    conversation that dqa regen completed replaces its original: every turn it regenerated
+    finished ok (with --accept ok,length the final turn may also have been cut by the length
+    limit). The new sample is the regenerated history (earlier regenerated turns as the chat
+    template renders history: Qwen3 drops their reasoning) plus the final turn, masked in the
+    input's own convention (the scan's conventions, else detected from the input): every
+    assistant turn trained or only the last, the newline after end of turn trained or not, a
+    `<think>\n` in the untrained header or trained; loss_mask in the input's value type, or
+    labels = the id where the mask is 1 and -100 elsewhere; attention_mask, if present, all
+    ones. Other columns stay. A `dqa_regen` column records endpoint, model, finish_reason,
+    status, sampling and completed_at (null for untouched rows; JSON text in JSONL, `null`
+    for untouched rows). Row order is kept.
 
-    Rows that could not be regenerated (status failed, or selected in the run but absent
-    from its shards) keep their original row (--failed keep) or are dropped (--failed drop);
-    either way they are listed with row, id and reason in NEW.merge-report.json, written
-    beside NEW. NEW appears only when complete (built under a temporary name, then renamed).
+    Rows that could not be regenerated (a failed turn, a length cut not accepted, a
+    conversation the run has not finished, or selected in the run but absent from its shards)
+    keep their original row (--failed keep) or are dropped (--failed drop); either way they
+    are listed with row, id and reason in NEW.merge-report.json, written beside NEW. NEW
+    appears only when complete (built under a temporary name, then renamed).
 
     Example:  dqa merge data/train.parquet --regen regen-out/ --out data/train.v2.parquet
 
@@ -64,17 +70,20 @@ def merge(
     NEW is the input); 3 a row appears twice in the shards.
     """
     raise typer.Exit(_run(dataset, regen, out, failed, force, check_prompts, batch_rows, ids_column, mask_column,
-                          labels_column, id_column, as_json, quiet))
+                          labels_column, id_column, as_json, quiet, accept))
 
 
 @handles_errors
 def _run(dataset, regen, out, failed, force, check_prompts, batch_rows, ids_column, mask_column, labels_column,
-         id_column, as_json, quiet) -> int:
+         id_column, as_json, quiet, accept="ok") -> int:
     from dqa.errors import UsageError
     from dqa.regen.merge import merge as run_merge
 
     if failed not in ("keep", "drop"):
         raise UsageError(f"--failed {failed}: expected keep or drop")
+    accepted = [a.strip() for a in accept.split(",") if a.strip()]
+    if not accepted or "ok" not in accepted or any(a not in ("ok", "length") for a in accepted):
+        raise UsageError(f"--accept {accept}: expected ok or ok,length")
     if batch_rows < 1:
         raise UsageError(f"--batch-rows {batch_rows}: expected a positive number")
     progress = None
@@ -101,7 +110,7 @@ def _run(dataset, regen, out, failed, force, check_prompts, batch_rows, ids_colu
         summary = run_merge(
             dataset, regen, out, failed=failed, force=force, batch_rows=batch_rows, check_prompts=check_prompts,
             ids_column=ids_column, mask_column=mask_column, labels_column=labels_column, id_column=id_column,
-            on_batch=on_batch, on_start=on_start,
+            on_batch=on_batch, on_start=on_start, accept=accepted,
         )
     except OSError as exc:  # writing NEW failed (disk full ...): name it in the one-line error
         from dqa.atomic import named_os_error

