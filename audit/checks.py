@@ -1,14 +1,17 @@
-"""The named checks: each a small rule over the per-sample metrics table.
+"""The named checks: each a small rule over the per-sample metrics table (and, for the checks that
+judge turns, over the per-turn table).
 
-A check is data: a stable name, one sentence on what it flags, why that hurts
-training, its thresholds with defaults, and a vectorized polars expression.
-The CLI (``dqa scan --list-checks``), the reports and the expectation suites
-all read ``CHECKS``. Thresholds are overridden by a TOML config
-(``[checks.NAME] param = value``) or ``--set NAME.param=value``.
+A check is data and self-contained: a stable name, one sentence on what it flags, why that hurts
+training, its priority (which check explains a sample best when several flag it), the metrics it
+needs (names of the typed schema ``dqa.audit.metrics_schema``, which the expectation suites' source
+reads too), its thresholds with defaults, and a vectorized polars expression. The CLI (``dqa scan
+--list-checks``), the reports and the expectation suites all read ``CHECKS``; nothing else lists
+the checks. Thresholds are overridden by a TOML config (``[checks.NAME] param = value``) or
+``--set NAME.param=value``.
 
-Set-level context comes first (``prepare``): how many samples share each
-supervised-token hash, how many distinct prompts each shared response has,
-and whether thinking is expected in this set.
+Set-level context comes first (``prepare``, ``prepare_turns``): how many samples (turns) share each
+supervised-token hash, how many distinct prompts each shared response has, and whether thinking
+is expected in this set.
 
 The metrics come from the chat format read from the tokenizer's own template
 (``dqa.audit.chat_format``): turns are delimited by its role tokens, the assistant
@@ -19,16 +22,25 @@ LLaMA-Factory train). A ``<think>`` in an untrained header (SpecForge's ``qwen3.
 
 Every trained assistant turn is checked (SpecForge, TRL, LLaMA-Factory and axolotl train every
 assistant turn by default). A check with a ``turn_rule`` also judges each trained turn, on the
-per-turn table of the kernel (``kernels.TURN_COLUMNS``, one row per trained turn), and flags a
-sample when its sample ``rule`` or the ``turn_rule`` of any of its turns does:
-``degenerate_template`` counts the turns that share a supervised hash across the set (so an
-"OK." in turn 1 of 3 is found, and a canned final turn after a real first one),
-``short_response`` counts each turn's content, the thinking checks look at each
-turn's think block (``missing_thinking`` only on turns whose think block the template keeps:
-Qwen3 drops the reasoning of history turns), and ``truncated`` asks each turn to close. The
-other checks (``no_loss``, ``length_mismatch``, ``duplicate_response``, ``repetition_loop``,
-``mask_misaligned``) judge the whole sample. ``duplicate_response`` stays whole-sample: clean
-multi-turn data restates canned history replies (a greeting, a fact) across conversations.
+per-turn table of the kernel (``kernels.TURN_COLUMNS``, one row per trained turn, written as
+``turns.parquet``), and flags a sample when its sample ``rule`` or the ``turn_rule`` of any of its
+turns does:
+
+- ``degenerate_template`` counts the turns that share a span hash (the turn's supervised tokens)
+  across the set, so an "OK." in turn 1 of 3 is found, and a canned final turn after a real first one;
+- ``duplicate_response`` flags a turn whose span hash other turns share under a different prompt,
+  below the degenerate threshold. A turn's prompt is the conversation before it (the row's tokens
+  before the turn's span, its header included, untrained and trained ones each hashed in order:
+  the history it answers, not only the last question), so one reply to "Can you elaborate?" after
+  two different conversations is a duplicate, while the same conversation stored twice is not;
+- ``short_response`` counts each turn's content, and ``repetition_loop`` each turn's repeated 8-grams
+  (a loop in one turn of three is not diluted by the others);
+- the thinking checks look at each turn's think block (``missing_thinking`` only on turns whose
+  think block the template keeps: Qwen3 drops the reasoning of history turns);
+- ``truncated`` asks each trained turn to close.
+
+``no_loss``, ``length_mismatch`` and ``mask_misaligned`` judge the whole sample (they are about the
+row's mask, not a turn). The flagged turns' indices go to ``findings.parquet`` (``turns``).
 """
 
 from __future__ import annotations
@@ -53,17 +65,29 @@ class Context:
 
 @dataclass(frozen=True)
 class Check:
-    """A named, documented, vectorized rule. ``rule(ctx)`` returns a boolean polars expression.
+    """A named, documented, vectorized rule, self-contained: everything the scan, the reports and the
+    suites need to know about it is here.
 
     ``label`` is a few words for tables; ``flags_when`` the full sentence; ``why`` the harm to training.
+    ``priority``: which check explains a sample best when several flag it, lowest number first
+    (``primary_reason`` is the flagging check with the lowest number; reports rank by it): a
+    degenerate "OK." sample is also short and has empty thinking, but the template is the root cause.
+    Every check has its own number.
+    ``rule(ctx)`` returns a boolean polars expression over the per-sample metrics table and reads
+    only the columns named in ``needs`` (``metrics_schema.SAMPLE_METRICS``); ``turn_rule(ctx)``, when
+    set, one over the per-turn table reading only ``turn_needs`` (``metrics_schema.TURN_METRICS``):
+    such a check also judges each trained turn.
     """
 
     name: str
     label: str
     flags_when: str
     why: str
+    priority: int
+    needs: tuple[str, ...]
     rule: Callable[[Context], pl.Expr]
     defaults: dict[str, Any] = field(default_factory=dict)
+    turn_needs: tuple[str, ...] = ()
     turn_rule: Callable[[Context], pl.Expr] | None = None  # over the per-turn table; None: whole-sample check
 
 
@@ -79,7 +103,12 @@ def _degenerate_min_rows(ctx: Context) -> int:
 SUP = pl.col("supervised_tokens") > 0
 
 
+def _degenerate(ctx: Context) -> pl.Expr:
+    return SUP & (pl.col("template_rows") >= _degenerate_min_rows(ctx))
+
+
 def _duplicate(ctx: Context) -> pl.Expr:
+    """Shared supervised tokens (a sample's, or a turn's) under at least two distinct prompts, below the degenerate threshold."""
     return (
         SUP
         & (pl.col("template_rows") >= 2)
@@ -88,120 +117,146 @@ def _duplicate(ctx: Context) -> pl.Expr:
     )
 
 
+def _short(ctx: Context) -> pl.Expr:
+    return SUP & (pl.col("content_tokens") < _p(ctx, "short_response", "min_content_tokens"))
+
+
 def _empty_thinking(ctx: Context) -> pl.Expr:
     return pl.lit(ctx.thinking_expected) & SUP & pl.col("think_present") & pl.col("think_closed") & (pl.col("thinking_tokens") == 0)
 
+
+def _loop(ctx: Context) -> pl.Expr:
+    return (pl.col("content_tokens") >= _p(ctx, "repetition_loop", "min_tokens")) & (
+        pl.col("ngram_repeat_share") >= _p(ctx, "repetition_loop", "min_repeat_share")
+    )
+
+
+_TEMPLATE = ("supervised_tokens", "template_rows")
+_THINK = ("supervised_tokens", "think_present", "think_closed", "thinking_tokens")
+
 CHECKS: tuple[Check, ...] = (
     Check(
-        "no_loss",
-        "all-zero loss mask",
-        "nothing is supervised (an all-zero loss mask, or every label -100)",
-        "the sample costs a forward pass and teaches nothing; often a masking bug",
-        lambda ctx: (pl.col("supervised_tokens") == 0) & (pl.col("n_mask") == pl.col("n_tokens")),
+        name="no_loss",
+        label="all-zero loss mask",
+        flags_when="nothing is supervised (an all-zero loss mask, or every label -100)",
+        why="the sample costs a forward pass and teaches nothing; often a masking bug",
+        priority=20,
+        needs=("supervised_tokens", "n_mask", "n_tokens"),
+        rule=lambda ctx: (pl.col("supervised_tokens") == 0) & (pl.col("n_mask") == pl.col("n_tokens")),
     ),
     Check(
-        "length_mismatch",
-        "mask length differs from input_ids",
-        "the loss mask / labels list is not as long as input_ids",
-        "trainers either crash or silently shift the mask against the tokens",
-        lambda ctx: pl.col("n_mask") != pl.col("n_tokens"),
+        name="length_mismatch",
+        label="mask length differs from input_ids",
+        flags_when="the loss mask / labels list is not as long as input_ids",
+        why="trainers either crash or silently shift the mask against the tokens",
+        priority=10,
+        needs=("n_mask", "n_tokens"),
+        rule=lambda ctx: pl.col("n_mask") != pl.col("n_tokens"),
     ),
     Check(
-        "degenerate_template",
-        "one canned response across the set",
-        "its supervised tokens recur, identical, across a large share of the set",
-        "the model learns one canned answer (the 'OK.' mode of thinking-off generation)",
-        lambda ctx: SUP & (pl.col("template_rows") >= _degenerate_min_rows(ctx)),
-        {"min_share": 0.01, "min_rows": 10},
-        lambda ctx: SUP & (pl.col("template_rows") >= _degenerate_min_rows(ctx)),
+        name="degenerate_template",
+        label="one canned response across the set",
+        flags_when="its supervised tokens, or a trained turn's, recur identical across a large share of the set",
+        why="the model learns one canned answer (the 'OK.' mode of thinking-off generation)",
+        priority=30,
+        needs=_TEMPLATE,
+        rule=_degenerate,
+        defaults={"min_share": 0.01, "min_rows": 10},
+        turn_needs=_TEMPLATE,
+        turn_rule=_degenerate,  # counts the trained turns that share a span hash across the set
     ),
     Check(
-        "duplicate_response",
-        "same response as a different prompt",
-        "its supervised tokens equal another sample's (with a different prompt), below the degenerate threshold",
-        "the same answer for different questions teaches the model to ignore the prompt",
-        lambda ctx: _duplicate(ctx),
-        # Whole samples only: a history turn restating a canned reply (a greeting, a fact) in another
-        # conversation is common in clean multi-turn data; a canned reply in 1% of the turns is a
-        # degenerate template, which counts turns.
+        name="duplicate_response",
+        label="same response as a different prompt",
+        flags_when="its supervised tokens, or a trained turn's, equal another sample's or turn's that follows a different "
+        "prompt (the conversation before it), below the degenerate threshold",
+        why="the same answer for different questions teaches the model to ignore the prompt",
+        priority=70,
+        needs=(*_TEMPLATE, "template_prompts"),
+        rule=_duplicate,
+        turn_needs=(*_TEMPLATE, "template_prompts"),
+        turn_rule=_duplicate,
     ),
     Check(
-        "short_response",
-        "almost no supervised content",
-        "too few supervised content tokens once template boilerplate (think tags, blank lines, end of turn) is set aside",
-        "a handful of supervised tokens gives the drafter almost nothing to learn from",
-        lambda ctx: SUP & (pl.col("content_tokens") < _p(ctx, "short_response", "min_content_tokens")),
-        {"min_content_tokens": 10},
-        lambda ctx: SUP & (pl.col("content_tokens") < _p(ctx, "short_response", "min_content_tokens")),
+        name="short_response",
+        label="almost no supervised content",
+        flags_when="too few supervised content tokens (in a trained turn) once template boilerplate (think tags, "
+        "blank lines, end of turn) is set aside",
+        why="a handful of supervised tokens gives the drafter almost nothing to learn from",
+        priority=100,
+        needs=("supervised_tokens", "content_tokens"),
+        rule=_short,
+        defaults={"min_content_tokens": 10},
+        turn_needs=("supervised_tokens", "content_tokens"),
+        turn_rule=_short,
     ),
     Check(
-        "empty_thinking",
-        "empty <think></think> block",
-        "a trained assistant turn's think block is present but empty, in a set where thinking is expected",
-        "teaches the model to skip reasoning: the signature of generation with thinking mode off",
-        lambda ctx: _empty_thinking(ctx),
-        turn_rule=lambda ctx: _empty_thinking(ctx),
+        name="empty_thinking",
+        label="empty <think></think> block",
+        flags_when="a trained assistant turn's think block is present but empty, in a set where thinking is expected",
+        why="teaches the model to skip reasoning: the signature of generation with thinking mode off",
+        priority=80,
+        needs=_THINK,
+        rule=_empty_thinking,
+        turn_needs=_THINK,
+        turn_rule=_empty_thinking,
     ),
     Check(
-        "missing_thinking",
-        "no think block in a trained turn",
-        "a trained assistant turn whose think block the template keeps (the final turn; every turn unless the "
+        name="missing_thinking",
+        label="no think block in a trained turn",
+        flags_when="a trained assistant turn whose think block the template keeps (the final turn; every turn unless the "
         "template drops history reasoning, as Qwen3's does) has none, in a set where thinking is expected",
-        "a reasoning model trained on answers without reasoning loses its thinking mode",
-        lambda ctx: pl.lit(ctx.thinking_expected) & SUP & pl.col("has_assistant") & ~pl.col("think_present"),
+        why="a reasoning model trained on answers without reasoning loses its thinking mode",
+        priority=90,
+        needs=("supervised_tokens", "has_assistant", "think_present"),
+        rule=lambda ctx: pl.lit(ctx.thinking_expected) & SUP & pl.col("has_assistant") & ~pl.col("think_present"),
+        turn_needs=("supervised_tokens", "keeps_reasoning", "think_present"),
         turn_rule=lambda ctx: pl.lit(ctx.thinking_expected) & SUP & pl.col("keeps_reasoning") & ~pl.col("think_present"),
     ),
     Check(
-        "truncated",
-        "does not end with end-of-turn",
-        "the supervised span of a trained turn (or of the sample) does not end in the end-of-turn token (or in what "
+        name="truncated",
+        label="does not end with end-of-turn",
+        flags_when="the supervised span of a trained turn (or of the sample) does not end in the end-of-turn token (or in what "
         "the template puts right after it, ChatML's newline), or the turn or its think block never closes",
-        "the model learns to stop mid-thought; length-capped generations counted as good",
-        lambda ctx: SUP
+        why="the model learns to stop mid-thought; length-capped generations counted as good",
+        priority=60,
+        needs=("supervised_tokens", "last_supervised_eot", "has_assistant", "final_turn_closed", "think_present", "think_closed"),
+        rule=lambda ctx: SUP
         & (
             ~pl.col("last_supervised_eot")
             | (pl.col("has_assistant") & ~pl.col("final_turn_closed"))
             | (pl.col("think_present") & ~pl.col("think_closed"))
         ),
+        turn_needs=("supervised_tokens", "last_supervised_eot", "turn_closed", "think_present", "think_closed"),
         turn_rule=lambda ctx: SUP
         & (~pl.col("last_supervised_eot") | ~pl.col("turn_closed") | (pl.col("think_present") & ~pl.col("think_closed"))),
     ),
     Check(
-        "repetition_loop",
-        "a repeated n-gram dominates",
-        "the supervised text is dominated by a repeated n-gram (a thinking loop)",
-        "loops teach the model to loop; they also burn the token budget of the sample",
-        lambda ctx: (pl.col("content_tokens") >= _p(ctx, "repetition_loop", "min_tokens"))
-        & (pl.col("ngram_repeat_share") >= _p(ctx, "repetition_loop", "min_repeat_share")),
-        {"min_tokens": 128, "min_repeat_share": 0.5},
+        name="repetition_loop",
+        label="a repeated n-gram dominates",
+        flags_when="the supervised text (of the sample, or of a trained turn) is dominated by a repeated n-gram (a thinking loop)",
+        why="loops teach the model to loop; they also burn the token budget of the sample",
+        priority=50,
+        needs=("content_tokens", "ngram_repeat_share"),
+        rule=_loop,
+        defaults={"min_tokens": 128, "min_repeat_share": 0.5},
+        turn_needs=("content_tokens", "ngram_repeat_share"),
+        turn_rule=_loop,
     ),
     Check(
-        "mask_misaligned",
-        "loss on headers, user or system text",
-        "supervised tokens fall outside assistant turns (chat headers, system or user text; a turn runs from its header "
+        name="mask_misaligned",
+        label="loss on headers, user or system text",
+        flags_when="supervised tokens fall outside assistant turns (chat headers, system or user text; a turn runs from its header "
         "through its end-of-turn token and what the template puts after it), or labels differ from input_ids",
-        "the model is trained to write the user's side or the template itself",
-        lambda ctx: pl.col("misaligned_tokens") > _p(ctx, "mask_misaligned", "max_tokens"),
-        {"max_tokens": 0},
+        why="the model is trained to write the user's side or the template itself",
+        priority=40,
+        needs=("misaligned_tokens",),
+        rule=lambda ctx: pl.col("misaligned_tokens") > _p(ctx, "mask_misaligned", "max_tokens"),
+        defaults={"max_tokens": 0},
     ),
 )
 
 CHECK_NAMES: tuple[str, ...] = tuple(c.name for c in CHECKS)
-
-# Which check explains a sample best when several flag it: a degenerate "OK." sample is also
-# short and has empty thinking, but the template is the root cause. Reports rank by this.
-PRIORITY: tuple[str, ...] = (
-    "length_mismatch",
-    "no_loss",
-    "degenerate_template",
-    "mask_misaligned",
-    "repetition_loop",
-    "truncated",
-    "duplicate_response",
-    "empty_thinking",
-    "missing_thinking",
-    "short_response",
-)
 BY_NAME: dict[str, Check] = {c.name: c for c in CHECKS}
 
 # Set-level switches that are not tied to one check.
@@ -288,8 +343,8 @@ def prepare(metrics: pl.DataFrame) -> pl.DataFrame:
 
 def prepare_turns(turns: pl.DataFrame) -> pl.DataFrame:
     """The per-turn table (``kernels.TURN_COLUMNS``) with the set-level ``template_rows`` (trained turns
-    sharing the turn's supervised hash, across the set) and ``template_prompts`` (distinct questions,
-    the turns' ``prompt_hash``, among them)."""
+    sharing the turn's span hash, across the set) and ``template_prompts`` (distinct prompts, the
+    turns' ``prompt_hash``: the conversation before each turn, among them)."""
     return _templates_of(turns, turns)
 
 
@@ -331,9 +386,27 @@ def evaluate_turns(turns: pl.DataFrame, ctx: Context, only: list[str] | None = N
     return out.with_columns(pl.any_horizontal([pl.col(n) for n in TURN_CHECKS]).alias("failed"))
 
 
+def with_reasons(frame: pl.DataFrame, names: tuple[str, ...] | list[str], alias: str = "reasons") -> pl.DataFrame:
+    """``frame`` plus a ``list<string>`` column ``alias``: the names, among ``names``, of its boolean
+    check columns that are true (in ``names`` order).
+
+    The true checks are packed into one integer per row, and each distinct combination (a few,
+    never more than the rows) gets its list once, joined back on that integer: building the lists
+    row by row in polars costs far more on a large table.
+    """
+    code = pl.sum_horizontal([pl.col(n).cast(pl.UInt32) * (1 << k) for k, n in enumerate(names)]).alias("_reasons_code")
+    out = frame.with_columns(code)
+    codes = out["_reasons_code"].unique().sort().to_list()
+    lists = pl.DataFrame(
+        {"_reasons_code": codes, alias: [[n for k, n in enumerate(names) if c >> k & 1] for c in codes]},  # per combination
+        schema={"_reasons_code": pl.UInt32, alias: pl.List(pl.String)},
+    )
+    return out.join(lists, on="_reasons_code", how="left", maintain_order="left").drop("_reasons_code")
+
+
 def priority_order() -> tuple[str, ...]:
-    """``PRIORITY``, then any check it does not name (so that every flagged sample has a primary reason)."""
-    return PRIORITY + tuple(n for n in CHECK_NAMES if n not in PRIORITY)
+    """The check names by ``Check.priority``, the one that explains a sample best first (ties by name)."""
+    return tuple(c.name for c in sorted(CHECKS, key=lambda c: (c.priority, c.name)))
 
 
 def evaluate(metrics: pl.DataFrame, ctx: Context, only: list[str] | None = None, turns: pl.DataFrame | None = None) -> pl.DataFrame:

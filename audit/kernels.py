@@ -16,7 +16,9 @@ template's own tokens after it (ChatML's newline).
 Per trained assistant turn (``batch_metrics_and_turns``) the same questions are answered on
 the turn's region (from its header to its end of turn and what the template puts after it,
 cut at the next role token): one row per trained turn, so the per-turn arrays are as long as
-the batch's turns, never its tokens.
+the batch's turns, never its tokens. A turn's span hash and its repeated 8-grams come from the
+same supervised sequence as the sample's (its 8-grams counted in the same sort, keyed by row,
+hash and turn); its prompt hash covers the row's tokens before the turn.
 
 Hashes (supervised sequence, prompt, n-grams) use a per-token 64-bit mix table
 and polynomial sums in wrapping uint64 arithmetic, so equal token sequences hash
@@ -32,11 +34,13 @@ import numpy as np
 from dqa.arrays import ranks
 from dqa.audit.readers import TokenBatch
 from dqa.audit.chat_format import ChatFormat
+from dqa.audit.metrics_schema import SAMPLE_METRICS, TURN, TURN_METRICS, names
 from dqa.errors import InputError
 
 NGRAM = 8  # n-gram length for repetition
 ANCHOR_SHIFT = np.uint64(61)  # sampled n-grams start at anchor tokens: mix hash with top 3 bits clear
 SAMPLE_RATE = 1 / 8
+KEY_INDEX_BITS = 24  # n-gram sort keys: 40 hash bits, and the row (and turn in the row) in the 24 others
 EXACT_MIN_POSITIONS = 64  # under-sampled rows at least this long are measured exactly
 
 # Lookup-table codes: template kind in the low bits, boilerplate flag in the high bit.
@@ -48,58 +52,17 @@ _K = 0x9E3779B97F4A7C15  # odd multiplier of the polynomial sequence hash
 _K_INV = pow(_K, -1, 1 << 64)
 _A, _B, _C = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0xD6E8FEB86659FD93)
 
-METRIC_COLUMNS = (
-    "n_tokens",
-    "n_mask",
-    "supervised_tokens",
-    "content_tokens",
-    "prompt_tokens",
-    "thinking_tokens",
-    "answer_tokens",
-    "has_assistant",
-    "think_present",
-    "think_closed",
-    "final_turn_closed",
-    "last_supervised_eot",
-    "misaligned_tokens",
-    "ngram_repeat_share",
-    "supervised_hash",
-    "prompt_hash",
-)
+# Column names and dtypes live in one typed schema (``dqa.audit.metrics_schema``).
+METRIC_COLUMNS = names(SAMPLE_METRICS, "kernel")
 
 # Per-sample facts about the dataset's masking convention (FORMATS.md; summed up in summary.json's
 # ``conventions``). Written to metrics.parquet, but not required of a metrics table.
-CONVENTION_COLUMNS = (
-    "assistant_turns",
-    "trained_turns",
-    "post_eot_trained",
-    "think_open_trained",
-)
-
+CONVENTION_COLUMNS = names(SAMPLE_METRICS, "convention")
 
 # Per trained assistant turn (an assistant turn with a supervised token): one row each, in row
 # then turn order. ``turn`` counts the row's assistant turns from 0 (trained or not).
-TURN_COLUMNS = (
-    "row",
-    "turn",
-    "supervised_tokens",
-    "content_tokens",
-    "thinking_tokens",
-    "think_present",
-    "think_closed",
-    "turn_closed",
-    "last_supervised_eot",
-    "final_turn",
-    "keeps_reasoning",
-    "supervised_hash",
-    "prompt_hash",
-    "span_start",
-    "span_end",
-)
-
-
-TURN_DTYPES = {"turn": np.int32, "supervised_hash": np.uint64, "prompt_hash": np.uint64, **{c: bool for c in (
-    "think_present", "think_closed", "turn_closed", "last_supervised_eot", "final_turn", "keeps_reasoning")}}
+TURN_COLUMNS = names(TURN_METRICS, "kernel")
+TURN_DTYPES = {c: TURN[c].numpy_dtype for c in TURN_COLUMNS}
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
@@ -196,35 +159,47 @@ def _segment_sums(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndar
     return out
 
 
-def _sequence_hash(tokens_mix: np.ndarray, bounds: np.ndarray, tables: KernelTables, weighted: np.ndarray | None = None) -> np.ndarray:
-    """Order-sensitive 64-bit hash of each segment ``tokens_mix[bounds[r]:bounds[r+1]]``.
-
-    ``sum_i mix_i * K**i`` with ``i`` counted from the segment start (the global
-    power is divided out with the inverse power); 0 for an empty segment.
-    """
-    return _range_hash(tokens_mix, bounds[:-1], bounds[1:], tables, weighted)
-
-
 def _weighted(tokens_mix: np.ndarray, tables: KernelTables) -> np.ndarray:
     """``mix_i * K**i`` over the sequence: the terms every range hash of it sums."""
     p, _ = tables.powers(tokens_mix.size + 1)
     return np.multiply(tokens_mix, p[: tokens_mix.size])
 
 
-def _range_hash(tokens_mix: np.ndarray, lo: np.ndarray, hi: np.ndarray, tables: KernelTables,
-                weighted: np.ndarray | None = None) -> np.ndarray:
-    """``_sequence_hash`` of the sorted, disjoint ranges ``tokens_mix[lo[r]:hi[r]]`` (gaps allowed);
-    ``weighted`` is ``_weighted(tokens_mix)`` when the caller has it already."""
-    if tokens_mix.size == 0:
-        return np.zeros(len(lo), dtype=np.uint64)
-    _, p_inv = tables.powers(tokens_mix.size + 1)
-    if weighted is None:
-        weighted = _weighted(tokens_mix, tables)
-    h = _segment_sums(weighted, lo, hi) * p_inv[np.minimum(lo, tokens_mix.size)]
+def _finish_hash(sums: np.ndarray, lo: np.ndarray, hi: np.ndarray, tables: KernelTables) -> np.ndarray:
+    """The 64-bit hash of each range ``[lo, hi)`` from the sum of its weighted terms (``_weighted``):
+    the global power is divided out with the inverse power, so that ``i`` counts from the range
+    start, and the length is mixed in; 0 for an empty range. Equal sequences hash equally
+    wherever they sit."""
+    if len(lo) == 0:
+        return np.zeros(0, dtype=np.uint64)
+    _, p_inv = tables.powers(int(np.max(lo)) + 1)
     lengths = (hi - lo).astype(np.uint64)
-    h = splitmix64(h ^ (lengths * _C))
+    h = splitmix64((sums * p_inv[lo]) ^ (lengths * _C))
     h[lengths == 0] = 0
     return h
+
+
+def _range_hash(weighted: np.ndarray, lo: np.ndarray, hi: np.ndarray, tables: KernelTables) -> np.ndarray:
+    """Order-sensitive 64-bit hash of each of the sorted, disjoint ranges ``[lo[r], hi[r])`` (gaps
+    allowed) of a sequence whose ``_weighted`` terms are ``weighted``: ``sum_i mix_i * K**i`` with
+    ``i`` counted from the range start, mixed with the length; 0 for an empty range."""
+    return _finish_hash(_segment_sums(weighted, lo, hi), lo, hi, tables)
+
+
+def _prefix_range_hash(weighted: np.ndarray, first: np.ndarray, lo: np.ndarray, group_start: np.ndarray,
+                       tables: KernelTables) -> np.ndarray:
+    """``_range_hash`` of the ranges ``[first[j], lo[j])``, which overlap: entries ``j`` are grouped
+    (a row's trained turns), sorted, each group sharing its ``first`` and with ``lo`` non-decreasing;
+    ``group_start[j]`` is the index of the first entry of ``j``'s group. The sums come from the
+    disjoint pieces ``[lo[j-1], lo[j])`` (``[first, lo[j])`` for a group's first entry) and a
+    running total over the pieces of a group, so the data is summed once."""
+    if len(lo) == 0:
+        return np.zeros(0, dtype=np.uint64)
+    piece_lo = np.where(np.arange(len(lo)) == group_start, first, np.concatenate((first[:1], lo[:-1])))
+    pieces = _segment_sums(weighted, piece_lo, lo)
+    running = np.zeros(len(lo) + 1, dtype=np.uint64)
+    np.cumsum(pieces, out=running[1:])
+    return _finish_hash(running[1:] - running[group_start], first, lo, tables)
 
 
 def _hash_ngrams(sup_mix: np.ndarray, pos: np.ndarray) -> np.ndarray:
@@ -245,38 +220,98 @@ def _repeat_counts(row: np.ndarray, h: np.ndarray, n: int) -> tuple[np.ndarray, 
     return total, np.bincount(dup_rows, minlength=n)
 
 
-def _ngram_repeat_share(sup_mix: np.ndarray, anchors: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-    """Share of each row's supervised 8-grams that repeat an earlier 8-gram of the same row.
+def _anchor_ngrams(sup_mix: np.ndarray, anchors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sampled 8-grams of ``sup_mix``: their start positions (``anchors`` that leave room for
+    an 8-gram) and their hashes."""
+    pos = anchors[anchors + NGRAM <= sup_mix.size]
+    return pos, _hash_ngrams(sup_mix, pos)
 
-    Estimated on a consistent sample: the n-grams that start at an anchor token
-    (``anchors``: positions in ``sup_mix`` of a fixed 1/8 of the vocabulary).
-    Equal n-grams start with equal tokens, so repeats survive sampling. A loop
-    whose few distinct tokens include no anchor shows up as a row with far fewer
-    sampled n-grams than its length predicts; such rows are measured exactly on
-    every position.
-    """
-    n = len(bounds) - 1
+
+def _segment_of(pos: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each 8-gram starting at ``pos``: the index of the sorted, disjoint segment ``[lo, hi)``
+    (gaps allowed) that holds it whole, and whether one does."""
+    seg = np.searchsorted(lo, pos, side="right") - 1
+    inside = (seg >= 0) & (pos + NGRAM <= hi[np.maximum(seg, 0)]) if len(lo) else np.zeros(len(pos), dtype=bool)
+    return seg, inside
+
+
+def _shares(sup_mix: np.ndarray, total: np.ndarray, dups: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``dups / total`` per segment, where the sample is too thin measured exactly instead: a loop
+    whose few distinct tokens include no anchor shows up as a segment with far fewer sampled
+    n-grams than its length predicts; such segments are measured on every position."""
+    n = len(lo)
     share = np.zeros(n, dtype=np.float64)
-    size = sup_mix.size
-    if size < NGRAM:
-        return share
-    pos = anchors[anchors + NGRAM <= size]
-    row = np.searchsorted(bounds, pos, side="right") - 1
-    inside = pos + NGRAM <= bounds[row + 1]
-    pos, row = pos[inside], row[inside]
-    total, dups = _repeat_counts(row, _hash_ngrams(sup_mix, pos), n)
     np.divide(dups, total, out=share, where=total > 0)
-
-    positions = np.maximum(np.diff(bounds) - NGRAM + 1, 0)
+    positions = np.maximum(hi - lo - NGRAM + 1, 0)
     suspicious = np.flatnonzero((positions >= EXACT_MIN_POSITIONS) & (total < positions * (SAMPLE_RATE / 2)))
     if suspicious.size:
         lengths = positions[suspicious]
-        starts = bounds[suspicious]
-        all_pos = np.repeat(starts, lengths) + ranks(lengths)
-        all_row = np.repeat(suspicious, lengths)
-        t2, d2 = _repeat_counts(all_row, _hash_ngrams(sup_mix, all_pos), n)
+        all_pos = np.repeat(lo[suspicious], lengths) + ranks(lengths)
+        all_seg = np.repeat(suspicious, lengths)
+        t2, d2 = _repeat_counts(all_seg, _hash_ngrams(sup_mix, all_pos), n)
         share[suspicious] = d2[suspicious] / t2[suspicious]
     return share
+
+
+def _segments_repeat_share(sup_mix: np.ndarray, pos: np.ndarray, h: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Share of each segment's 8-grams ``sup_mix[lo[r]:hi[r]]`` that repeat an earlier 8-gram of the
+    same segment, from the sampled 8-grams (``pos``, ``h``: ``_anchor_ngrams``).
+
+    Segments are sorted and disjoint (gaps allowed). Estimated on a consistent sample: the
+    n-grams that start at an anchor token (a fixed 1/8 of the vocabulary). Equal n-grams start
+    with equal tokens, so repeats survive sampling; thin samples are measured exactly (``_shares``).
+    """
+    n = len(lo)
+    if sup_mix.size < NGRAM or n == 0:
+        return np.zeros(n, dtype=np.float64)
+    seg, inside = _segment_of(pos, lo, hi)
+    total, dups = _repeat_counts(seg[inside], h[inside], n)
+    return _shares(sup_mix, total, dups, lo, hi)
+
+
+def _row_and_turn_repeat_shares(sup_mix: np.ndarray, pos: np.ndarray, h: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                                t_lo: np.ndarray, t_hi: np.ndarray, t_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``_segments_repeat_share`` of the rows ``[lo, hi)`` and of the turns ``[t_lo, t_hi)`` (sorted,
+    disjoint, each inside its row ``t_row``), from one sort of the sampled 8-grams.
+
+    The sort key is (row, hash, turn within the row): an 8-gram repeats one of its row when the
+    (row, hash) part equals its predecessor's, and one of its turn when the whole key does. Where
+    the rows' and turns' indices do not fit beside the 40 hash bits, two sorts are made instead.
+    """
+    n, m = len(lo), len(t_lo)
+    if sup_mix.size < NGRAM or n == 0 or m == 0:
+        return _segments_repeat_share(sup_mix, pos, h, lo, hi), np.zeros(m, dtype=np.float64)
+    seg, inside = _segment_of(pos, lo, hi)
+    pos, h, seg = pos[inside], h[inside], seg[inside]
+    tseg, t_inside = _segment_of(pos, t_lo, t_hi)
+    row_first_turn = np.searchsorted(t_row, np.arange(n), side="left")  # index of each row's first turn
+    local = np.where(t_inside, tseg - row_first_turn[seg] + 1, 0)  # 1-based turn of the 8-gram within its row; 0: none
+    tbits = int(local.max()).bit_length() if local.size else 0
+    rbits = max(n - 1, 0).bit_length()
+    if rbits + tbits > KEY_INDEX_BITS:
+        total, dups = _repeat_counts(seg, h, n)
+        t_total, t_dups = _repeat_counts(tseg[t_inside], h[t_inside], m)
+    else:
+        T, H = np.uint64(tbits), np.uint64(40 + tbits)
+        key = (seg.astype(np.uint64) << H) | ((h >> np.uint64(24)) << T) | local.astype(np.uint64)
+        key.sort()
+        total = np.bincount(seg, minlength=n)
+        same_row_hash = (key[1:] >> T) == (key[:-1] >> T)
+        dups = np.bincount((key[1:][same_row_hash] >> H).astype(np.int64), minlength=n)
+        later = key[1:][same_row_hash & (key[1:] == key[:-1])]
+        later = later[(later & np.uint64((1 << tbits) - 1)) != 0]  # a repeat inside a turn
+        turn = row_first_turn[(later >> H).astype(np.int64)] + (later & np.uint64((1 << tbits) - 1)).astype(np.int64) - 1
+        t_total = np.bincount(tseg[t_inside], minlength=m)
+        t_dups = np.bincount(turn, minlength=m)
+    return _shares(sup_mix, total, dups, lo, hi), _shares(sup_mix, t_total, t_dups, t_lo, t_hi)
+
+
+def _ngram_repeat_share(sup_mix: np.ndarray, anchors: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Share of each row's supervised 8-grams that repeat an earlier 8-gram of the same row
+    (rows ``sup_mix[bounds[r]:bounds[r+1]]``; ``anchors``: positions in ``sup_mix`` of anchor
+    tokens). See ``_segments_repeat_share``."""
+    pos, h = _anchor_ngrams(sup_mix, anchors)
+    return _segments_repeat_share(sup_mix, pos, h, bounds[:-1], bounds[1:])
 
 
 def _ends_at_eot(ids: np.ndarray, last: np.ndarray, lo: np.ndarray, hi: np.ndarray, has: np.ndarray, spec: ChatFormat) -> np.ndarray:
@@ -319,8 +354,12 @@ def batch_metrics_and_turns(batch: TokenBatch, tables: KernelTables) -> tuple[di
     closes (end of turn before the next role token), whether its supervised span ends at end of
     turn (``last_supervised_eot``), ``final_turn`` (the row's last assistant turn),
     ``keeps_reasoning`` (the template keeps this turn's think block: the row's last assistant
-    turn, or any turn unless ``ChatFormat.drops_history_reasoning`` is True or unknown), the hash of its supervised tokens, and its region as offsets in the row
-    (``span_start``, ``span_end``).
+    turn, or any turn unless ``ChatFormat.drops_history_reasoning`` is True or unknown), the share
+    of its supervised 8-grams that repeat (``ngram_repeat_share``), the hash of its supervised tokens
+    (``supervised_hash``, the span hash), the hash of the conversation before it (``prompt_hash``:
+    the row's untrained and trained tokens before its region, each sequence hashed in order), and
+    its region as offsets in the row (``span_start``, ``span_end``). Names and dtypes:
+    ``metrics_schema.TURN_METRICS``.
     """
     spec = tables.spec
     ids, offs, mask = batch.ids, batch.offsets, batch.mask
@@ -415,8 +454,8 @@ def batch_metrics_and_turns(batch: TokenBatch, tables: KernelTables) -> tuple[di
     # what the template renders after it, ChatML's newline, which common masking code includes),
     # cut at the next turn opener. Per turn also whether it is trained at all.
     turns: dict[str, np.ndarray] = {c: np.zeros(0, dtype=TURN_DTYPES.get(c, np.int64)) for c in TURN_COLUMNS}
-    turn_sup = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))  # supervised ranges of the trained turns
-    turn_ask = turn_sup  # the trained turns' question ranges, in the unsupervised sequence
+    none = np.zeros(0, dtype=np.int64)
+    t_row, rs, re_ = none, none, none  # the trained turns' rows (in the batch) and regions
     if hpos.size:
         region_start = hpos + hlen
         row_end = ends[hrow]
@@ -460,18 +499,12 @@ def batch_metrics_and_turns(batch: TokenBatch, tables: KernelTables) -> tuple[di
             "last_supervised_eot": _ends_at_eot(ids, t_last, starts[t_row], ends[t_row], np.ones(tr.size, dtype=bool), spec),
             "final_turn": final,
             "keeps_reasoning": keeps,
-            "supervised_hash": np.zeros(tr.size, dtype=np.uint64),  # filled below, from the supervised tokens
-            "prompt_hash": np.zeros(tr.size, dtype=np.uint64),  # and from the unsupervised ones
+            "ngram_repeat_share": np.zeros(tr.size, dtype=np.float64),  # these three filled below, with the
+            "supervised_hash": np.zeros(tr.size, dtype=np.uint64),  # samples' hashes and loops
+            "prompt_hash": np.zeros(tr.size, dtype=np.uint64),
             "span_start": (rs - starts[t_row]).astype(np.int64),
             "span_end": (re_ - starts[t_row]).astype(np.int64),
         }
-        turn_sup = (cs_mask[rs], cs_mask[re_])
-        # The question: from the role token before the header (the previous message's) to the header.
-        t_head = hpos[tr]
-        k = np.searchsorted(pos_ts, t_head, side="left") - 1
-        prev = pos_ts[np.maximum(k, 0)] if pos_ts.size else t_head
-        ask = np.where((k >= 0) & (prev >= starts[t_row]), prev, starts[t_row])
-        turn_ask = (ask - cs_mask[ask], t_head - cs_mask[t_head])
     else:
         sup_inside = np.zeros(n, dtype=np.int64)
         assistant_turns = np.zeros(n, dtype=np.int64)
@@ -500,18 +533,37 @@ def batch_metrics_and_turns(batch: TokenBatch, tables: KernelTables) -> tuple[di
     sup_mix = tables.mix[sup_ids]
     sup_bounds = cs_mask[offs]
     weighted = _weighted(sup_mix, tables)
-    supervised_hash = _sequence_hash(sup_mix, sup_bounds, tables, weighted)
-    if turn_sup[0].size:  # trained turns' regions are sorted and disjoint in the supervised sequence
-        turns["supervised_hash"] = _range_hash(sup_mix, turn_sup[0], turn_sup[1], tables, weighted)
+    supervised_hash = _range_hash(weighted, sup_bounds[:-1], sup_bounds[1:], tables)
+    # A turn's supervised span in the supervised sequence, and what comes before the turn in the
+    # row (its prompt: the conversation so far, header included) in both sequences.
+    t_lo, t_hi, t_first = cs_mask[rs], cs_mask[re_], sup_bounds[t_row]
+    group = np.searchsorted(t_row, t_row, side="left")  # each trained turn's row's first trained turn
+    tr_n = t_row.size
+    if tr_n:  # trained turns' regions are sorted and disjoint in the supervised sequence
+        turns["supervised_hash"] = _range_hash(weighted, t_lo, t_hi, tables)
+        sup_before = _prefix_range_hash(weighted, t_first, t_lo, group, tables)
     del weighted
-    ngram_share = _ngram_repeat_share(sup_mix, np.flatnonzero(tables.anchor[sup_ids]), sup_bounds)
+    pos, h = _anchor_ngrams(sup_mix, np.flatnonzero(tables.anchor[sup_ids]))
     del sup_ids
-    del sup_mix
+    # A turn that holds all of its row's supervised tokens has the row's share; only the others
+    # (multi-turn rows, stray supervised tokens) are measured on their own span.
+    own = np.flatnonzero((t_lo != t_first) | (t_hi != sup_bounds[t_row + 1]))
+    ngram_share, own_share = _row_and_turn_repeat_shares(sup_mix, pos, h, sup_bounds[:-1], sup_bounds[1:],
+                                                         t_lo[own], t_hi[own], t_row[own])
+    if tr_n:
+        turn_share = ngram_share[t_row]
+        turn_share[own] = own_share
+        turns["ngram_repeat_share"] = turn_share
+    del sup_mix, pos, h
     uns_mix = tables.mix[ids[~mb]]
     weighted = _weighted(uns_mix, tables)
-    prompt_hash = _sequence_hash(uns_mix, offs - sup_bounds, tables, weighted)
-    if turn_ask[0].size:  # questions lie between trained turns' headers: sorted and disjoint
-        turns["prompt_hash"] = _range_hash(uns_mix, turn_ask[0], turn_ask[1], tables, weighted)
+    del uns_mix
+    uns_bounds = offs - sup_bounds
+    prompt_hash = _range_hash(weighted, uns_bounds[:-1], uns_bounds[1:], tables)
+    if tr_n:
+        uns_before = _prefix_range_hash(weighted, uns_bounds[t_row], rs - t_lo, group, tables)
+        turns["prompt_hash"] = splitmix64(uns_before ^ splitmix64(sup_before ^ _C))
+    del weighted
 
     metrics = {
         "n_tokens": n_tokens,

@@ -1,9 +1,9 @@
 """``run_scan``: stream a dataset through the kernels, apply the checks, write the scan folder.
 
-Output (FORMATS.md): ``metrics.parquet``, ``findings.parquet``, ``summary.json``,
-``summary.md``. Everything is built in a temporary sibling folder and moved into
-place only when the scan succeeded, so a failed or interrupted scan never
-leaves output that looks complete.
+Output (FORMATS.md): ``metrics.parquet`` (one row per sample), ``turns.parquet`` (one row per
+trained assistant turn), ``findings.parquet``, ``summary.json``, ``summary.md``. Everything is
+built in a temporary sibling folder and moved into place only when the scan succeeded, so a
+failed or interrupted scan never leaves output that looks complete.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from dqa import atomic
 from dqa.memory import reuse_freed_memory
 from dqa.audit import checks as checks_mod
-from dqa.audit import identity
+from dqa.audit import identity, metrics_schema
 from dqa.audit.chat_format import WRONG_TOKENIZER_MIN_ROWS, check_format_fits, detect_conventions
 from dqa.audit.kernels import TURN_COLUMNS, TURN_DTYPES, KernelTables, batch_metrics_and_turns
 from dqa.audit.readers import Dataset, TokenBatch, open_dataset
@@ -69,7 +69,8 @@ class ScanResult:
 ProgressFn = Callable[[int, int], None]  # (rows done so far, tokens done so far)
 
 
-SCAN_FILES = ("metrics.parquet", "findings.parquet", "summary.json", "summary.md")
+SCAN_FILES = ("metrics.parquet", "turns.parquet", "findings.parquet", "summary.json", "summary.md")
+TURNS_FILE_ROWS = 65536  # turns.parquet is written this many turns at a time (one row group each)
 
 
 def default_out_dir(dataset: str | Path) -> Path:
@@ -203,6 +204,33 @@ def _stream_metrics(ds: Dataset, tables: KernelTables, part: Path, batch_rows: i
         if turn_writer is not None:
             turn_writer.close()
     return rows, tokens
+
+
+def write_turns(turns: pl.DataFrame, ids: pl.Series | None, path: Path) -> None:
+    """Write ``turns.parquet`` (FORMATS.md): one row per trained assistant turn, the per-turn metrics
+    (``metrics_schema.TURN_METRICS``), ``id`` after ``row`` when the dataset has ids (``ids``: the
+    metrics table's id column, indexed by row), and ``reasons``: the checks that flag the turn.
+
+    ``turns`` is ``checks.evaluate_turns``'s output. Written ``TURNS_FILE_ROWS`` turns at a time (one
+    row group each), so the reasons lists and the ids are never built for the whole set at once.
+    """
+    cols = [m.name for m in metrics_schema.TURN_METRICS]
+    writer: pq.ParquetWriter | None = None
+    try:
+        for start in range(0, max(turns.height, 1), TURNS_FILE_ROWS):  # a loop over row groups, not rows
+            part = turns.slice(start, TURNS_FILE_ROWS)
+            frame = checks_mod.with_reasons(part, checks_mod.TURN_CHECKS).select(
+                *[pl.col(c).cast(metrics_schema.TURN[c].dtype) for c in cols], "reasons"
+            )
+            if ids is not None:  # the metrics table holds row r at position r
+                frame.insert_column(1, ids.gather(part["row"]).alias("id"))
+            table = frame.to_arrow()
+            if writer is None:
+                writer = pq.ParquetWriter(path, table.schema, compression="zstd")
+            writer.write_table(table)
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 def _turn_schema() -> pa.Schema:
@@ -363,22 +391,15 @@ def run_scan(
         turns = checks_mod.evaluate_turns(turns, ctx, selected)
         metrics = checks_mod.evaluate(metrics, ctx, selected, turns)
         id_cols = ["id"] if "id" in metrics.columns else []
-        findings = (
-            metrics.filter(pl.col("failed"))
-            .select(
-                "row",
-                *id_cols,
-                pl.concat_list([pl.when(pl.col(n)).then(pl.lit(n)).otherwise(None) for n in checks_mod.CHECK_NAMES])
-                .list.drop_nulls()
-                .alias("reasons"),
-                "turns",
-            )
+        findings = checks_mod.with_reasons(metrics.filter(pl.col("failed")), checks_mod.CHECK_NAMES).select(
+            "row", *id_cols, "reasons", "turns"
         )
         metrics = metrics.drop("turns")  # the flagged turns' indices live in findings.parquet
         summary = _summary(ds, metrics, findings, spec, ctx, share, options, selected, tokens, time.perf_counter() - t0, turns)
         summary["fingerprint"] = fingerprint
         summary["degenerate_templates"] = _templates(metrics, turns, ds, spec, options.batch_rows, rows)
         metrics.write_parquet(work / "metrics.parquet", compression="zstd")
+        write_turns(turns, metrics["id"] if id_cols else None, work / "turns.parquet")
         findings.write_parquet(work / "findings.parquet", compression="zstd")
         from dqa.reports.scan_markdown import render_scan_markdown
 

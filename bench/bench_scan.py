@@ -10,11 +10,17 @@ One run, three contestants, each in its own process so that peak RSS is its own:
   a prefix of the set (``--loop-rows``) because it is slow; it is compared by tokens/s.
 
 Usage:
-    python bench/bench_scan.py [--tokens 200e6] [--data bench/data/scan.parquet]
+    python bench/bench_scan.py [--tokens 200e6] [--turns 1|3] [--data bench/data/scan.parquet]
 
-Prints tokens/s, wall time and peak RSS of each and the ratios. The generated set has
-realistic Qwen3 structure (system/user/assistant turns, think blocks, 10% "OK." rows, 2% loops)
-and is cached under bench/data/ (gitignored).
+Prints tokens/s, wall time and peak RSS of each and the ratios. Two generated sets, cached under
+bench/data/ (gitignored), both of realistic Qwen3 structure:
+
+- ``--turns 1`` (the default, ``scan.parquet``): one user/assistant exchange per sample, think
+  blocks, 10% "OK." rows, 2% loops; the assistant content through ``<|im_end|>`` is trained.
+- ``--turns 3`` (``scan-turns3.parquet``): multi-turn conversations, about 3 assistant turns per
+  sample (2-4), all trained the SpecForge way (each assistant span through ``<|im_end|>`` and the
+  newline after it), history turns without reasoning as Qwen3's template renders them, the final
+  turn thinking; 10% of the samples have an "OK." in one random turn, 2% a loop in one turn.
 """
 
 from __future__ import annotations
@@ -58,7 +64,53 @@ def _rows_batch(rng: np.random.Generator, n: int, mean_len: int) -> tuple[list[n
     return ids_rows, mask_rows
 
 
-def make_dataset(path: Path, tokens: float, mean_len: int = 2500, seed: int = 0) -> Path:
+def _multi_turn_batch(rng: np.random.Generator, n: int, mean_len: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """``n`` synthetic multi-turn conversations (2-4 assistant turns, mean 3), every assistant turn
+    trained SpecForge's way: from after ``<|im_start|>assistant\\n`` through ``<|im_end|>\\n``. History
+    replies carry no think block (Qwen3's template drops history reasoning); the final reply thinks.
+    About ``mean_len`` tokens per sample, like the single-turn set."""
+    ids_rows, mask_rows = [], []
+    parts: list[np.ndarray] = []
+    masks: list[np.ndarray] = []
+
+    def add(trained: bool, *pieces) -> None:
+        a = np.concatenate([np.asarray(p, dtype=np.int32) for p in pieces])
+        parts.append(a)
+        masks.append(np.full(len(a), 1 if trained else 0, dtype=np.int8))
+
+    def text(lo: int, hi: int) -> np.ndarray:
+        return rng.integers(0, VOCAB_TEXT, rng.integers(lo, hi), dtype=np.int32)
+
+    for _ in range(n):
+        parts.clear()
+        masks.clear()
+        if rng.random() < 0.5:
+            add(False, [IM_START, SYSTEM, NL], text(10, 80), [IM_END, NL])
+        turns = int(rng.choice([2, 3, 3, 4]))
+        kind = rng.random()
+        odd_turn = int(rng.integers(0, turns))  # where this sample's defect (if any) sits
+        for k in range(turns):
+            add(False, [IM_START, USER, NL], text(20, 200), [IM_END, NL, IM_START, ASSISTANT, NL])
+            final = k == turns - 1
+            if kind < 0.10 and k == odd_turn:  # the OK. mode, in one turn
+                add(True, [THINK, NLNL, END_THINK, NLNL, 3925, 13, IM_END, NL] if final else [3925, 13, IM_END, NL])
+                continue
+            answer = rng.integers(0, VOCAB_TEXT, max(10, int(rng.normal(mean_len * (0.2 if final else 0.12), 40))), dtype=np.int32)
+            thinking = rng.integers(0, VOCAB_TEXT, max(10, int(rng.normal(mean_len * 0.45, mean_len * 0.15))), dtype=np.int32)
+            if kind >= 0.98 and k == odd_turn:  # a loop, in one turn: the final turn's thinking, a history reply
+                size = max(len(thinking if final else answer), 200)
+                loop = np.tile(rng.integers(0, VOCAB_TEXT, 20, dtype=np.int32), size // 20 + 1)[:size]
+                thinking, answer = (loop, answer) if final else (thinking, loop)
+            if final:
+                add(True, [THINK, NL], thinking, [NL, END_THINK, NLNL], answer, [IM_END, NL])
+            else:
+                add(True, answer, [IM_END, NL])
+        ids_rows.append(np.concatenate(parts))
+        mask_rows.append(np.concatenate(masks))
+    return ids_rows, mask_rows
+
+
+def make_dataset(path: Path, tokens: float, mean_len: int = 2500, seed: int = 0, turns: int = 1) -> Path:
     """Write the synthetic set (cached: reused when it exists)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -72,7 +124,7 @@ def make_dataset(path: Path, tokens: float, mean_len: int = 2500, seed: int = 0)
     row = 0
     with pq.ParquetWriter(tmp, pa.schema([("id", pa.string()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8()))])) as w:
         while written < tokens:
-            ids, mask = _rows_batch(rng, 2048, mean_len)
+            ids, mask = (_rows_batch if turns == 1 else _multi_turn_batch)(rng, 2048, mean_len)
             lengths = np.array([len(x) for x in ids])
             offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
             table = pa.table(
@@ -111,7 +163,8 @@ def run_dqa(data: Path) -> dict:
 
     with tempfile.TemporaryDirectory() as out:
         result = run_scan(data, Path(out) / "scan")
-        return {"tokens": result.summary["tokens"], "failing_rows": result.summary["failing_rows"]}
+        return {"tokens": result.summary["tokens"], "failing_rows": result.summary["failing_rows"],
+                "rows": result.summary["rows"], "turns": result.summary["turns"]}
 
 
 def run_loop(data: Path, rows: int) -> dict:
@@ -161,16 +214,21 @@ def _measure(kind: str, data: Path, loop_rows: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=float, default=200e6)
-    ap.add_argument("--data", type=Path, default=Path(__file__).parent / "data" / "scan.parquet")
+    ap.add_argument("--turns", type=int, choices=[1, 3], default=1, help="1: today's single-turn set; 3: the multi-turn set")
+    ap.add_argument("--data", type=Path, default=None, help="the set's cache file (default bench/data/scan.parquet, or scan-turns3.parquet)")
     ap.add_argument("--loop-rows", type=int, default=4000)
     ap.add_argument("--child", choices=["floor", "dqa", "loop"])
     args = ap.parse_args()
+    if args.data is None:
+        args.data = Path(__file__).parent / "data" / ("scan.parquet" if args.turns == 1 else f"scan-turns{args.turns}.parquet")
     if args.child:
         _child(args.child, args.data, args.loop_rows)
         return
-    data = make_dataset(args.data, args.tokens)
+    data = make_dataset(args.data, args.tokens, turns=args.turns)
     results = {k: _measure(k, data, args.loop_rows) for k in ("floor", "dqa", "loop")}
-    print(f"dataset: {data.name}, {results['floor']['tokens'] / 1e6:,.1f}M tokens")
+    d = results["dqa"]
+    print(f"dataset: {data.name}, {results['floor']['tokens'] / 1e6:,.1f}M tokens, {d['rows']:,} samples, "
+          f"{d['turns']:,} trained turns ({d['turns'] / d['rows']:.2f} per sample), {d['failing_rows']:,} failing samples")
     print(f"{'contestant':<10} {'tokens':>12} {'wall s':>9} {'CPU s':>8} {'Mtok/s':>9} {'peak RSS MiB':>13}")
     for k, r in results.items():
         print(f"{k:<10} {r['tokens']:>12,} {r['wall_s']:>9.2f} {r['cpu_s']:>8.2f} {r['tok_per_s'] / 1e6:>9.2f} {r['peak_rss_mib']:>13.0f}")

@@ -76,27 +76,31 @@ def check_metrics_table(metrics: pl.DataFrame, mfile: Path) -> None:
     Raises ``InputError`` naming the file and the column (and row) for: no rows, a missing
     per-sample metric column, a column of the wrong type, or a null value.
     """
-    from dqa.audit.checks import CHECK_NAMES
-    from dqa.audit.kernels import METRIC_COLUMNS
+    from dqa.audit.metrics_schema import metrics_table_schema
 
     if metrics.height == 0:
         raise InputError(f"{mfile}: no rows (an empty metrics table)")
-    for name in METRIC_COLUMNS:
-        if name not in metrics.columns:
-            raise InputError(f"{mfile}: no column {name!r} (expected the metrics table of `dqa scan`, see FORMATS.md)")
-    booleans = {"has_assistant", "think_present", "think_closed", "final_turn_closed", "last_supervised_eot", "failed", *CHECK_NAMES}
-    for name in ("row", *METRIC_COLUMNS, "template_rows", "template_prompts", *sorted(booleans)):
+    schema = metrics_table_schema()  # the kernel's metrics, set-level context, verdicts: names and types
+    for m in schema.values():
+        if m.kind == "kernel" and m.name not in metrics.columns:
+            raise InputError(f"{mfile}: no column {m.name!r} (expected the metrics table of `dqa scan`, see FORMATS.md)")
+    for name in ("row", *schema):
         if name not in metrics.columns:
             continue
+        want_type = pl.Int64 if name == "row" else schema[name].dtype
         dtype = metrics.schema[name]
-        if name in booleans:
+        if want_type == pl.Boolean:
             ok, want = dtype == pl.Boolean, "booleans"
-        elif name == "ngram_repeat_share":
+        elif want_type.is_float():
             ok, want = dtype.is_numeric(), "numbers"
-        else:
+        elif want_type.is_integer():
             ok, want = dtype.is_integer(), "integers"
+        else:
+            ok, want = dtype == want_type, f"{want_type} values"
         if not ok:
             raise InputError(f"{mfile}: column {name!r} must hold {want}, found {dtype}")
+        if name != "row" and schema[name].nullable:
+            continue
         nulls = metrics.get_column(name).is_null()
         if nulls.any():
             raise InputError(f"{mfile}: column {name!r}, row {int(nulls.arg_max())}: null (expected {want})")

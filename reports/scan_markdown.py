@@ -48,9 +48,21 @@ def render_scan_markdown(summary: dict[str, Any]) -> str:
     if cause:
         lines += ["", f"◀ {root_cause_legend(*cause)}."]
     if summary.get("degenerate_templates"):
-        lines += ["", "## Degenerate templates", "", "| samples | share | tokens | supervised text |", "| ---: | ---: | ---: | --- |"]
+        # The text is what is trained: one turn's supervised tokens (the whole sample's where it has no assistant turn).
+        if multi:
+            lines += ["", "## Degenerate templates", "", "| samples | turns | share | tokens | trained text of the turn | example |",
+                      "| ---: | ---: | ---: | ---: | --- | --- |"]
+        else:
+            lines += ["", "## Degenerate templates", "", "| samples | share | tokens | supervised text |", "| ---: | ---: | ---: | --- |"]
         for t in summary["degenerate_templates"]:
-            lines.append(f"| {t['count']:,} | {t['share']:.1%} | {t['tokens']} | {md_code(template_repr(t['text'], 120), None)} |")
+            text = md_code(template_repr(t["text"], 120), None)
+            samples = t.get("samples", t["count"])
+            if multi:
+                turn = t.get("example_turn")
+                example = f"row {t.get('example_row')}" + ("" if turn is None else f", turn {turn}")
+                lines.append(f"| {samples:,} | {t['count']:,} | {t['share']:.1%} | {t['tokens']} | {text} | {example} |")
+            else:
+                lines.append(f"| {samples:,} | {t['share']:.1%} | {t['tokens']} | {text} |")
     d = summary["supervised_tokens_distribution"]
     if "p50" in d:
         lines += [

@@ -53,10 +53,16 @@ def print_scan_table(summary: dict[str, Any], out_dir: str, console: Console) ->
     if root is not None:
         console.print(f"{ROOT_MARK} {root_cause_legend(*root)}", markup=False, highlight=False)
     cut = templates and len(f"{template_repr(templates[0]['text'])} ({templates[0]['tokens']} tokens)") > detail_width
-    if len(templates) > 1 or cut:
-        console.print("[bold]degenerate templates[/] (samples, share, tokens, supervised text):")
+    if len(templates) > 1 or cut or (multi and templates):
+        # The text is what is trained: a turn's supervised tokens (the whole sample's where it has no assistant turn).
+        what = "trained text of the turn" if multi else "supervised text"
+        console.print(f"[bold]degenerate templates[/] (samples, share, tokens, {what}):")
         for t in templates[:5]:
-            console.print(f"  {t['count']:>9,}  {t['share']:6.1%}  {t['tokens']:>5}  {template_repr(t['text'], 200)}", markup=False, highlight=False)
+            where = ""
+            if multi and t.get("example_turn") is not None:
+                where = f"  ({t['count']:,} turns; e.g. row {t['example_row']}, turn {t['example_turn']})"
+            console.print(f"  {t.get('samples', t['count']):>9,}  {t['share']:6.1%}  {t['tokens']:>5}  "
+                          f"{template_repr(t['text'], 200)}{where}", markup=False, highlight=False)
     if line := conventions_line(summary.get("conventions") or {}):  # chat format and masking conventions found
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     share = summary["failing_share"]

@@ -100,7 +100,7 @@ def test_ok_in_the_first_of_three_turns_is_a_degenerate_template_of_that_turn(qw
         assert set(reasons_of(result, row)) == {"degenerate_template", "short_response"}  # "OK." is also short
     c = result.summary["checks"]
     assert (c["degenerate_template"]["count"], c["degenerate_template"]["turns"]) == (15, 15)
-    assert c["repetition_loop"]["turns"] is None  # judged on whole samples
+    assert c["repetition_loop"]["turns"] == 0 and c["mask_misaligned"]["turns"] is None  # judged on whole samples
     assert result.summary["turns"] == 55 * 3
     top = result.summary["degenerate_templates"][0]
     # Qwen3 renders the history turn without a think block: the turn as trained.
@@ -112,6 +112,19 @@ def test_ok_in_the_first_of_three_turns_is_a_degenerate_template_of_that_turn(qw
     assert metrics.height == 55 and metrics.filter(pl.col("flagged_turns") > 0)["row"].to_list() == bad
     summary = json.loads((result.out_dir / "summary.json").read_text())
     assert summary["checks"]["short_response"]["turns"] == 15
+    # turns.parquet: one row per trained turn, the turn's reasons beside its numbers.
+    turns = pl.read_parquet(result.out_dir / "turns.parquet")
+    assert turns.height == 55 * 3 and turns.columns[:3] == ["row", "id", "turn"] and turns.columns[-1] == "reasons"
+    assert turns.schema["reasons"] == pl.List(pl.String) and turns.schema["turn"] == pl.Int32
+    flagged = turns.filter(pl.col("reasons").list.len() > 0)
+    assert flagged.select("row", "turn").rows() == [(r, 0) for r in bad]
+    assert flagged["reasons"].to_list() == [["degenerate_template", "short_response"]] * 15
+    assert flagged["id"].to_list() == [f"s{r}" for r in bad]
+    assert flagged["supervised_hash"].n_unique() == 1 and flagged["template_rows"].to_list() == [15] * 15
+    ok_turn = flagged.row(0, named=True)  # "OK.<|im_end|>\n": 4 trained tokens ("OK", ".", end of turn, newline)
+    assert (ok_turn["supervised_tokens"], ok_turn["content_tokens"], ok_turn["turn_closed"], ok_turn["think_present"]) == (4, 2, True, False)
+    assert ok_turn["span_end"] - ok_turn["span_start"] == 4
+    assert turns.filter(pl.col("row") < 40)["reasons"].list.len().sum() == 0
 
 
 def test_a_degenerate_final_turn_after_a_real_first_turn_is_found(qwen3, tmp_path):
@@ -207,18 +220,53 @@ def test_the_reports_show_turns_beside_samples_only_for_a_multi_turn_set(qwen3, 
     assert row.split("|")[2:4] == [" 12 ", " 12 "]
     row = next(ln for ln in render_scan_markdown(multi.summary).splitlines() if ln.startswith("| `short_response`"))
     assert row.split("|")[3] == " 12 "
+    # The degenerate template is shown as trained: the turn's text, not the whole sample's.
+    md = render_scan_markdown(multi.summary)
+    assert "| samples | turns | share | tokens | trained text of the turn | example |" in md
+    row = next(ln for ln in md.splitlines() if "OK." in ln and ln.startswith("| 12 |"))
+    assert '<code>"OK.&lt;&#124;im_end&#124;&gt;\\n"</code>' in row and row.endswith("| row 30, turn 0 |"), row
+    console = Console(width=160, record=True, force_terminal=False)
+    print_scan_table(multi.summary, "out", console)
+    text = console.export_text()
+    assert "degenerate templates (samples, share, tokens, trained text of the turn):" in text
+    assert '"OK.<|im_end|>\\n"  (12 turns; e.g. row 30, turn 0)' in text, text
 
 
-def test_a_check_missing_from_the_priority_list_still_gives_a_primary_reason(monkeypatch):
-    from dqa.audit import checks
+def test_the_same_reply_after_different_conversations_is_a_duplicate_of_that_turn(qwen3, tmp_path):
+    """A turn's prompt is the conversation before it: one reply to "Can you elaborate?" after three
+    different conversations ignores what it answers. The same conversation stored twice, or a shared
+    opening exchange, is the same prompt and so no duplicate."""
+    rng = random.Random(8)
+    shared = thought(random.Random(99))
+    elaborate = []
+    for i in range(3):
+        msgs = conversation(rng, 100 + i, [thought(rng), shared, thought(rng)])
+        msgs[2]["content"] = "Can you elaborate?"  # the same last question, after different histories
+        elaborate.append(specforge(qwen3, msgs))
+    opening = conversation(rng, 200, [thought(rng)])  # the same first exchange, different continuations
+    forks = [specforge(qwen3, opening + conversation(rng, 300 + i, [thought(rng)])) for i in range(2)]
+    twice = specforge(qwen3, conversation(rng, 400, [thought(rng), thought(rng)]))
+    result = scan(qwen3, clean(qwen3, 30) + elaborate + forks + [twice, twice], tmp_path)
+    assert sorted(result.findings["row"].to_list()) == [30, 31, 32]
+    for row in (30, 31, 32):
+        assert reasons_of(result, row) == ["duplicate_response"] and turns_of(result, row) == [1]
+    assert result.metrics.filter(pl.col("row") >= 30)["template_rows"].to_list() == [1, 1, 1, 1, 1, 2, 2]  # whole samples differ
+    c = result.summary["checks"]["duplicate_response"]
+    assert (c["count"], c["turns"]) == (3, 3)
+    turns = pl.read_parquet(result.out_dir / "turns.parquet").filter(pl.col("row").is_in([33, 34]) & (pl.col("turn") == 0))
+    assert turns["supervised_hash"].n_unique() == 1 and turns["template_prompts"].to_list() == [1, 1]
 
-    metrics = pl.DataFrame({"row": [0, 1], "supervised_tokens": [0, 5], "n_mask": [3, 4], "n_tokens": [3, 5]})
-    metrics = metrics.with_columns(pl.lit(0).alias(c) for c in ("content_tokens", "template_rows", "template_prompts",
-                                                                   "thinking_tokens", "misaligned_tokens"))
-    metrics = metrics.with_columns(pl.lit(False).alias(c) for c in ("has_assistant", "think_present", "think_closed",
-                                                                       "final_turn_closed", "last_supervised_eot"))
-    metrics = metrics.with_columns(pl.lit(0.0).alias("ngram_repeat_share"))
-    monkeypatch.setattr(checks, "PRIORITY", tuple(n for n in checks.PRIORITY if n not in ("no_loss", "length_mismatch")))
-    ctx = checks.Context(rows=2, thinking_expected=False, params=checks.default_params())
-    out = checks.evaluate(metrics, ctx, ["no_loss", "length_mismatch"])
-    assert out["primary_reason"].to_list() == ["no_loss", "length_mismatch"]
+
+def test_a_loop_in_one_turn_is_not_diluted_by_the_others(qwen3, tmp_path):
+    """A looping middle reply between two long, clean turns: under half the sample's 8-grams repeat,
+    nearly all of the turn's do. (History replies without reasoning: Qwen3 drops it.)"""
+    rng = random.Random(9)
+    replies = [sentence(rng, 500), "Let me check the ledger once more. " * 60, thought(rng, sentence(rng, 500))]
+    looping = specforge(qwen3, conversation(rng, 100, replies))
+    result = scan(qwen3, clean(qwen3, 30) + [looping], tmp_path)
+    assert result.findings["row"].to_list() == [30]
+    assert reasons_of(result, 30) == ["repetition_loop"] and turns_of(result, 30) == [1]
+    assert result.metrics.row(30, named=True)["ngram_repeat_share"] < 0.5
+    turns = pl.read_parquet(result.out_dir / "turns.parquet").filter(pl.col("row") == 30)
+    assert turns["ngram_repeat_share"][1] > 0.9 and turns["reasons"].to_list() == [[], ["repetition_loop"], []]
+    assert result.summary["checks"]["repetition_loop"]["turns"] == 1

@@ -107,7 +107,7 @@ def test_outputs_are_written(cli, rows, tmp_path):
     out = tmp_path / "o"
     result = cli("scan", tmp_path / "d.parquet", "--out", out)
     assert "degenerate_template" in result.stdout and '"<think>\\n\\n</think>\\n\\nOK.<|im_end|>"' in result.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["findings.parquet", "metrics.parquet", "summary.json", "summary.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["findings.parquet", "metrics.parquet", "summary.json", "summary.md", "turns.parquet"]
     assert "| `degenerate_template` ◀ root cause | 12 |" in (out / "summary.md").read_text()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
 

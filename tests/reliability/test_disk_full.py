@@ -125,7 +125,7 @@ def test_scan_out_on_a_full_disk_is_exit_3_and_leaves_no_output(tmp_path, smallf
     filler.unlink()
     r = dqa("scan", ds, "--out", out, "--quiet")
     assert r.returncode in (0, 1), r.stderr
-    assert {p.name for p in out.iterdir()} == {"findings.parquet", "metrics.parquet", "summary.json", "summary.md"}
+    assert {p.name for p in out.iterdir()} == {"findings.parquet", "metrics.parquet", "summary.json", "summary.md", "turns.parquet"}
     assert pq.read_metadata(out / "metrics.parquet").num_rows == 20_000
 
 

@@ -12,6 +12,10 @@ parquet and read back through ``dqa.audit.readers`` with a random ``batch_rows``
 ``max_tokens``, so the comparison covers the reader's flattening and the kernel's batch
 independence together.
 
+Per trained assistant turn (``batch_metrics_and_turns``' second table) the reference computes the
+same on the turn's region: its tokens, think block, closing, its own repeated 8-grams, and which
+turns share a span (supervised tokens) or a prompt (the conversation before the turn).
+
 Soak (DQA_SOAK=1): 2,000 examples instead of 150.
 """
 
@@ -182,8 +186,7 @@ def reference_turn(t: list[int], m: list[int], spec: ChatFormat, k: int, n_heade
         stop = closes[0] if closes else b
         thinking = sum(1 for i in range(opens[0] + 1, stop) if t[i] not in boiler)
     last = max(i for i in range(a, b) if m[i])
-    before = [i for i in range(hp) if t[i] in set(spec.turn_openers)]  # the question: from the role token before the header
-    ask = before[-1] if before else 0
+    seq = [t[i] for i in range(a, b) if m[i]]
     return {
         "turn": k,
         "supervised_tokens": sum(m[a:b]),
@@ -197,8 +200,10 @@ def reference_turn(t: list[int], m: list[int], spec: ChatFormat, k: int, n_heade
         "keeps_reasoning": k == n_headers - 1 or spec.drops_history_reasoning is False,
         "span_start": a,
         "span_end": b,
-        "_seq": tuple(t[i] for i in range(a, b) if m[i]),
-        "_prompt": tuple(t[i] for i in range(ask, hp) if not m[i]),
+        "ngram_repeat_share": reference_repeat_share(seq),  # the turn's own 8-grams
+        "_seq": tuple(seq),
+        # The turn's prompt: the conversation before it (header included), its untrained and its trained tokens.
+        "_prompt": (tuple(t[i] for i in range(a) if not m[i]), tuple(t[i] for i in range(a) if m[i])),
     }
 
 
@@ -422,6 +427,43 @@ def test_a_long_loop_without_anchor_tokens_is_measured_exactly():
         got, _ = kernel_metrics(path, 8, 10**6)
     check_against_reference(case, got)
     assert got["ngram_repeat_share"][0] > 0.9
+
+
+def test_a_loop_in_one_turn_without_anchor_tokens_is_measured_exactly():
+    """The same in a turn: a looping first reply of a two-turn row, whose row share the second dilutes."""
+    tok = next(i for i in WORDS if not TABLES.anchor[i])
+    t = [IM_START, USER, NL, 1000, IM_END, NL, IM_START, ASSISTANT, NL] + [tok] * 200 + [IM_END, NL]
+    t += [IM_START, USER, NL, 1001, IM_END, NL, IM_START, ASSISTANT, NL] + [1000 + (i * 7) % 4 for i in range(3)] + [IM_END, NL]
+    m = [int(i >= 9 and i < 211) for i in range(211)] + [0] * 9 + [1] * 5
+    case = {"rows": [(t, m, t)], "convention": "loss_mask", "mask_type": pa.uint8(), "ids_type": pa.int32()}
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "loop.parquet"
+        write(case, path)
+        got, _ = kernel_metrics(path, 8, 10**6)
+    check_against_reference(case, got)
+    assert got["turn.ngram_repeat_share"][0] > 0.9 and got["turn.turn"].tolist() == [0, 1]
+
+
+@settings(max_examples=max(EXAMPLES // 3, 40), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(datasets())
+def test_the_row_and_turn_repeat_shares_from_one_sort_equal_those_of_two(case):
+    """Rows' and turns' repeated 8-grams are counted in one sort where their indices fit beside the
+    hash bits, else in two: both ways give the reference's shares."""
+    from dqa.audit import kernels
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "set.parquet"
+        write(case, path)
+        one, _ = kernel_metrics(path, case["batch_rows"], case["max_tokens"])
+        saved = kernels.KEY_INDEX_BITS
+        kernels.KEY_INDEX_BITS = 0  # no index fits: two sorts
+        try:
+            two, _ = kernel_metrics(path, case["batch_rows"], case["max_tokens"])
+        finally:
+            kernels.KEY_INDEX_BITS = saved
+    check_against_reference(case, two)
+    for col in ("ngram_repeat_share", "turn.ngram_repeat_share"):
+        assert np.array_equal(one[col], two[col]), col
 
 
 @pytest.mark.parametrize("cut", [0, 1, 3, 5, 7])
