@@ -114,11 +114,11 @@ def kill_landing(args: list, out: Path, rng: random.Random, before: float, phase
 
 
 def scan_state(out: Path) -> str:
-    """'absent', or 'complete' (all four files, consistent with each other); anything else fails the test."""
+    """'absent', or 'complete' (all five files, consistent with each other); anything else fails the test."""
     if not out.exists():
         return "absent"
     names = {p.name for p in out.iterdir()}
-    assert names == {"findings.parquet", "metrics.parquet", "summary.json", "summary.md"}, f"partial scan folder: {names}"
+    assert names == {"findings.parquet", "metrics.parquet", "summary.json", "summary.md", "turns.parquet"}, f"partial scan folder: {names}"
     summary = json.loads((out / "summary.json").read_text())
     metrics = pq.read_table(out / "metrics.parquet", columns=["row", "failed"])
     findings = pq.read_table(out / "findings.parquet")
