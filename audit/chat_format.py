@@ -11,7 +11,12 @@ a chat template:
 - the **end-of-turn** token and what the template renders right after it (ChatML: ``\\n``);
 - the **think tags** (``<think>``, ``</think>``; None when the vocabulary has no such token);
 - whether the template **drops the reasoning of history turns** (Qwen3: turns before the last
-  user message lose their ``<think>`` block);
+  user message lose their ``<think>`` block) and whether it keeps the reasoning of the assistant
+  turns after the last real user message (Qwen3, Qwen3.6: the tool-calling turns of an agent
+  loop, followed only by tool results, keep their ``<think>`` block);
+- the **user header** that opens a user turn and the **tool-response opener**, the ids a tool
+  result starts with when the template renders it as a user turn (Qwen3, Qwen3.6:
+  ``<|im_start|>user\n<tool_response>``), so that a tool result is not taken for a user message;
 - the **generation prompt** with thinking on and off: the header plus ``think_prefix``
   (Qwen3.5/3.6: ``<think>\\n``) or plus ``no_think_prefix`` (Qwen3: ``<think>\\n\\n</think>\\n\\n``).
 
@@ -73,6 +78,13 @@ class ChatFormat:
             (Qwen3: ``<think>\\n\\n</think>\\n\\n``); None when the template has no thinking switch.
         drops_history_reasoning: the template renders earlier assistant turns without their
             reasoning (None: unknown).
+        user_header: ids that open a user turn (``<|im_start|>user\n``); ``()``: unknown.
+        tool_response_opener: ids that open a tool result rendered as a user turn (Qwen3, Qwen3.6:
+            ``<|im_start|>user\n<tool_response>``); ``()`` when tool results are no user turns
+            (a role of their own), None when unknown (the template renders no tool message).
+        keeps_reasoning_after_last_user: the template keeps the reasoning of every assistant turn
+            after the last real user message (a user turn that is no tool result), as Qwen3's
+            and Qwen3.6's do for the tool-calling turns of an agent loop (None: unknown).
         source: where the format came from: ``"preset"``, ``"chat template"``, or a built-in
             fallback (``"built-in Llama 3 format"``, ``"built-in ChatML format"``).
         names: the text of the format's own ids (a preset's), so that ``describe`` and ``decode``
@@ -97,6 +109,9 @@ class ChatFormat:
     no_think_prefix: tuple[int, ...] | None = None
     drops_history_reasoning: bool | None = None
     source: str = "preset"
+    user_header: tuple[int, ...] = ()
+    tool_response_opener: tuple[int, ...] | None = None
+    keeps_reasoning_after_last_user: bool | None = None
     names: dict[int, str] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -105,6 +120,9 @@ class ChatFormat:
         if self.post_eot is None:
             object.__setattr__(self, "post_eot", (self.newline,) if self.newline is not None else ())
         object.__setattr__(self, "assistant_header", tuple(int(i) for i in self.assistant_header))
+        object.__setattr__(self, "user_header", tuple(int(i) for i in self.user_header))
+        if self.tool_response_opener is not None:
+            object.__setattr__(self, "tool_response_opener", tuple(int(i) for i in self.tool_response_opener))
 
     # ----------------------------------------------------------------- derived
 
@@ -181,6 +199,9 @@ class ChatFormat:
             "generation_prompt": text(self.generation_prompt),
             "generation_prompt_no_think": None if self.generation_prompt_no_think is None else text(self.generation_prompt_no_think),
             "drops_history_reasoning": self.drops_history_reasoning,
+            "user_header": text(self.user_header) if self.user_header else None,
+            "tool_response_opener": None if self.tool_response_opener is None else text(self.tool_response_opener),
+            "keeps_reasoning_after_last_user": self.keeps_reasoning_after_last_user,
         }
 
 
@@ -324,9 +345,9 @@ def read_chat_template(folder: Path) -> tuple[str | None, dict]:
 # ----------------------------------------------------------------------------- derivation
 
 # Probe texts: words that tokenize on their own and appear nowhere in a template.
-_SYS, _U1, _A1, _R1, _U2, _A2, _R2 = (
+_SYS, _U1, _A1, _R1, _U2, _A2, _R2, _T1 = (
     "Golf system note", "Alpha user question", "Bravo assistant answer", "Charlie reasoning step",
-    "Delta user question", "Echo assistant answer", "Foxtrot reasoning step",
+    "Delta user question", "Echo assistant answer", "Foxtrot reasoning step", "Hotel tool result",
 )
 
 
@@ -510,6 +531,8 @@ def derive_chat_format(
     newline = _single(tok, "\n")
     think_open, think_close = _single(tok, "<think>"), _single(tok, "</think>")
     drops = (_R1 not in history) if think_open is not None else None
+    tool_opener, keeps_after = _probe_tool_turn(tok, render, p0, user1, asst1, asst2, tuple(user_header), eot, tuple(post),
+                                                added, think_open is not None)
     vocab = vocab if vocab is not None else tok.get_vocab(with_added_tokens=True)
     vocab_size = max(tok.get_vocab_size(with_added_tokens=True), max(vocab.values()) + 1)
     specials = {eot, think_open, think_close, *post}
@@ -536,7 +559,45 @@ def derive_chat_format(
         no_think_prefix=no_think_prefix,
         drops_history_reasoning=drops,
         source=source,
+        user_header=tuple(int(t) for t in user_header),
+        tool_response_opener=tool_opener,
+        keeps_reasoning_after_last_user=keeps_after,
     )
+
+
+def _probe_tool_turn(tok, render, p0: str, user1: dict, asst1: dict, asst2: dict, user_header: tuple[int, ...], eot: int,
+                     post: tuple[int, ...], added: set[int], thinks: bool) -> tuple[tuple[int, ...] | None, bool | None]:
+    """How the template renders a tool result after an assistant turn, from one probe render
+    (user, assistant, tool, assistant): the tool-response opener (the ids between the assistant
+    turn's end of turn, and what follows it, and the tool result's text, cut after their last
+    special token; ``()`` when they do not start with the user header: a role of its own) and whether
+    the first assistant turn, followed by no user message, keeps its reasoning. ``(None, None)``
+    when the template does not render the probe (no tool role) or its tokens do not line up."""
+    try:
+        text = render([user1, asst1, {"role": "tool", "content": _T1}, asst2])
+    except InputError:
+        return None, None
+    if not text.startswith(p0) or _T1 not in text or _A1 not in text:
+        return None, None
+    keeps = (_R1 in text) if thinks else None
+    enc = _Encoded(tok, text)
+    i, j = enc.index_at(text.index(_A1) + len(_A1)), enc.index_at(text.index(_T1))
+    if i is None or j is None or j <= i:
+        return None, keeps
+    between = enc.ids[i:j]
+    if eot not in between:
+        return None, keeps
+    k = between.index(eot) + 1
+    for t in post:
+        if k < len(between) and between[k] == t:
+            k += 1
+    opener = tuple(between[k:])
+    if not user_header or opener[: len(user_header)] != user_header:
+        return (), keeps
+    specials = [n for n in range(len(user_header), len(opener)) if opener[n] in added]
+    if not specials:
+        return None, keeps  # a tool result reads like a user message: dqa cannot tell them apart
+    return opener[: specials[-1] + 1], keeps
 
 
 def _added_ids(tok) -> set[int]:
@@ -601,7 +662,12 @@ def detect_conventions(metrics, fmt: ChatFormat) -> dict[str, Any]:
     ``header_includes_think`` (a ``<think>`` opening the final turn is left untrained, as by
     SpecForge's ``qwen3.5``/``qwen3-next-thinking`` headers ``<|im_start|>assistant\\n<think>\\n``)
     with the share; ``trained_turns``: ``"all"`` or ``"last"`` (90% of the multi-turn samples
-    train every assistant turn / exactly one), else ``"mixed"``, with ``multi_turn_samples``.
+    train every assistant turn / exactly one), else ``"mixed"``, with ``multi_turn_samples``;
+    ``header_trained`` (at least half the samples with a trained turn train its assistant header, as
+    TRL's DeepSeek V3 template trains ``<｜Assistant｜>``: the scan then sets trained header tokens aside
+    from ``misaligned_tokens``) with its share; ``eot_trained`` (at least half the samples with a
+    closed trained turn train every such turn's end-of-turn token; False: the model is not taught to
+    stop, as with axolotl's ``train_on_eos: none``) with its share.
     """
     import polars as pl
 
@@ -617,6 +683,12 @@ def detect_conventions(metrics, fmt: ChatFormat) -> dict[str, Any]:
         share = _share(v == 0, v >= 0)
         out["header_includes_think"] = None if share is None else share >= 0.5
         out["header_includes_think_share"] = share
+    for col in ("header_trained", "eot_trained"):
+        if col in cols:
+            v = metrics[col].to_numpy()
+            share = _share(v == 1, v >= 0)
+            out[col] = None if share is None else share >= 0.5
+            out[f"{col}_share"] = share
     if {"assistant_turns", "trained_turns"} <= cols:
         multi = metrics.filter((pl.col("assistant_turns") >= 2) & (pl.col("supervised_tokens") > 0))
         out["multi_turn_samples"] = multi.height
@@ -639,6 +711,10 @@ def conventions_line(conventions: dict[str, Any]) -> str | None:
     parts = []
     if fmt.get("assistant_header"):
         parts.append(f"header {fmt['assistant_header']!r}")
+    if conventions.get("header_trained"):
+        parts.append("header trained")
+    if conventions.get("eot_trained") is False:  # not a per-row finding: one setting of the tool (axolotl's train_on_eos: none)
+        parts.append(f"end of turn {fmt.get('end_of_turn') or ''} untrained: the model will not learn to stop".replace("  ", " "))
     post, after, eot = conventions.get("post_eot_trained"), fmt.get("after_end_of_turn") or "", fmt.get("end_of_turn") or ""
     if post is not None and after:
         parts.append(f"trains {after!r} after {eot}" if post else f"{after!r} after {eot} untrained")
@@ -650,3 +726,4 @@ def conventions_line(conventions: dict[str, Any]) -> str | None:
         what = {"all": "all assistant turns trained", "last": "last assistant turn only"}.get(turns, "some assistant turns trained")
         parts.append(f"{what} ({conventions.get('multi_turn_samples', 0):,} multi-turn)")
     return "conventions: " + " · ".join(parts) if parts else None
+

@@ -36,11 +36,16 @@ turns does:
 - ``short_response`` counts each turn's content, and ``repetition_loop`` each turn's repeated 8-grams
   (a loop in one turn of three is not diluted by the others);
 - the thinking checks look at each turn's think block (``missing_thinking`` only on turns whose
-  think block the template keeps: Qwen3 drops the reasoning of history turns);
+  think block the template keeps: Qwen3 drops the reasoning of history turns, those before the last
+  real user message; the tool-calling turns after it, followed only by tool results, keep theirs);
 - ``truncated`` asks each trained turn to close.
 
 ``no_loss``, ``length_mismatch`` and ``mask_misaligned`` judge the whole sample (they are about the
-row's mask, not a turn). The flagged turns' indices go to ``findings.parquet`` (``turns``).
+row's mask, not a turn). A trained assistant header is misaligned unless at least half the samples
+with a trained turn train their header (TRL's DeepSeek V3 template trains ``<｜Assistant｜>``): then
+the scan takes it for the set's convention and sets those tokens aside (``scan.set_aside_trained_headers``).
+An end of turn left untrained in every turn (axolotl's ``train_on_eos: none``) is no finding: the trained
+span still ends at end of turn; the conventions (``eot_trained``) report it, loudly. The flagged turns' indices go to ``findings.parquet`` (``turns``).
 """
 
 from __future__ import annotations
@@ -205,7 +210,8 @@ CHECKS: tuple[Check, ...] = (
         name="missing_thinking",
         label="no think block in a trained turn",
         flags_when="a trained assistant turn whose think block the template keeps (the final turn; every turn unless the "
-        "template drops history reasoning, as Qwen3's does) has none, in a set where thinking is expected",
+        "template drops history reasoning, as Qwen3's does, and then still the turns after the last user message: "
+        "tool-calling turns, followed only by tool results) has none, in a set where thinking is expected",
         why="a reasoning model trained on answers without reasoning loses its thinking mode",
         priority=90,
         needs=("supervised_tokens", "has_assistant", "think_present"),
@@ -247,7 +253,8 @@ CHECKS: tuple[Check, ...] = (
         name="mask_misaligned",
         label="loss on headers, user or system text",
         flags_when="supervised tokens fall outside assistant turns (chat headers, system or user text; a turn runs from its header "
-        "through its end-of-turn token and what the template puts after it), or labels differ from input_ids",
+        "through its end-of-turn token and what the template puts after it), or labels differ from input_ids; a trained "
+        "assistant header counts unless most samples train theirs (TRL's DeepSeek V3 template: the set's convention)",
         why="the model is trained to write the user's side or the template itself",
         priority=40,
         needs=("misaligned_tokens",),

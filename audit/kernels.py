@@ -314,6 +314,15 @@ def _ngram_repeat_share(sup_mix: np.ndarray, anchors: np.ndarray, bounds: np.nda
     return _segments_repeat_share(sup_mix, pos, h, bounds[:-1], bounds[1:])
 
 
+def _matches(ids: np.ndarray, pos: np.ndarray, limit: np.ndarray, seq) -> np.ndarray:
+    """Whether the token sequence ``seq`` starts at each position ``pos`` and ends by ``limit`` (its row's end)."""
+    out = pos + len(seq) <= limit
+    top = max(ids.size - 1, 0)
+    for k, tok in enumerate(seq):  # a loop over the sequence's few tokens, not over data
+        out &= ids[np.minimum(pos + k, top)] == tok
+    return out
+
+
 def _ends_at_eot(ids: np.ndarray, last: np.ndarray, lo: np.ndarray, hi: np.ndarray, has: np.ndarray, spec: ChatFormat) -> np.ndarray:
     """Whether each supervised span, whose last supervised position is ``last`` (inside a row
     ``[lo, hi)``), ends at end of turn: on the end-of-turn token, just before it, or inside what
@@ -338,7 +347,9 @@ def _ends_at_eot(ids: np.ndarray, last: np.ndarray, lo: np.ndarray, hi: np.ndarr
 def batch_metrics(batch: TokenBatch, tables: KernelTables) -> dict[str, np.ndarray]:
     """Compute the per-row metrics of ``batch`` (see FORMATS.md, metrics.parquet).
 
-    Returns a dict of equal-length numpy arrays keyed by ``METRIC_COLUMNS`` and ``CONVENTION_COLUMNS``.
+    Returns a dict of equal-length numpy arrays keyed by ``METRIC_COLUMNS`` and ``CONVENTION_COLUMNS``
+    (``misaligned_tokens`` counts trained assistant-header tokens; ``header_trained_tokens`` holds them,
+    for the scan to set aside when the set trains its headers).
     Raises ``InputError`` naming the file and row of a token id outside the vocabulary.
     """
     return batch_metrics_and_turns(batch, tables)[0]
@@ -354,7 +365,9 @@ def batch_metrics_and_turns(batch: TokenBatch, tables: KernelTables) -> tuple[di
     closes (end of turn before the next role token), whether its supervised span ends at end of
     turn (``last_supervised_eot``), ``final_turn`` (the row's last assistant turn),
     ``keeps_reasoning`` (the template keeps this turn's think block: the row's last assistant
-    turn, or any turn unless ``ChatFormat.drops_history_reasoning`` is True or unknown), the share
+    turn, any turn unless ``ChatFormat.drops_history_reasoning`` is True or unknown, and, where
+    ``ChatFormat.keeps_reasoning_after_last_user`` (Qwen3, Qwen3.6), a turn after which no real user
+    message comes in the row: a user header that does not open a tool result, ``tool_response_opener``), the share
     of its supervised 8-grams that repeat (``ngram_repeat_share``), the hash of its supervised tokens
     (``supervised_hash``, the span hash), the hash of the conversation before it (``prompt_hash``:
     the row's untrained and trained tokens before its region, each sequence hashed in order), and
@@ -400,14 +413,9 @@ def batch_metrics_and_turns(batch: TokenBatch, tables: KernelTables) -> tuple[di
     content_tokens = supervised - count_in(sup_boiler_pos, starts, ends)
 
     # Assistant headers: the header's turn opener followed by the rest of the header, inside the same row.
-    header = np.asarray(spec.assistant_header, dtype=np.int64)
-    hlen = len(header)
+    hlen = len(spec.assistant_header)
     ts_row = np.searchsorted(offs, pos_ts, side="right") - 1
-    fits = pos_ts + hlen <= ends[ts_row]
-    is_header = fits & (ids[pos_ts] == header[0]) if len(spec.turn_openers) > 1 else fits.copy()
-    for k in range(1, hlen):  # loop over the header's few tokens, not over data
-        idx = np.minimum(pos_ts + k, max(ids.size - 1, 0))
-        is_header &= ids[idx] == header[k]
+    is_header = _matches(ids, pos_ts, ends[ts_row], spec.assistant_header)
     hpos = pos_ts[is_header]
     hrow = ts_row[is_header]
 
@@ -473,6 +481,16 @@ def batch_metrics_and_turns(batch: TokenBatch, tables: KernelTables) -> tuple[di
         sup_inside = np.bincount(hrow, weights=inside, minlength=n).astype(np.int64)
         assistant_turns = np.bincount(hrow, minlength=n).astype(np.int64)
         trained_turns = np.bincount(hrow, weights=inside > 0, minlength=n).astype(np.int64)
+        # Trained tokens of the assistant headers (TRL's DeepSeek V3 template trains <｜Assistant｜>): counted in
+        # misaligned_tokens here; the scan sets them aside when most samples train their headers.
+        header_sup = cs_mask[region_start] - cs_mask[hpos]
+        header_trained_tokens = np.bincount(hrow, weights=header_sup, minlength=n).astype(np.int64)
+        trained_header_turns = np.bincount(hrow, weights=(inside > 0) & (header_sup > 0), minlength=n)
+        # End of turn trained: per closed trained turn, its end-of-turn token (axolotl's train_on_eos: none leaves it out).
+        closed_trained = turn_closed & (inside > 0)
+        closed_turns = np.bincount(hrow, weights=closed_trained, minlength=n)
+        eot_sup = closed_trained & (mask[np.minimum(e_at, top)] != 0) if ids.size else closed_trained
+        eot_trained_turns = np.bincount(hrow, weights=eot_sup, minlength=n)
 
         # Per trained turn: the same questions as for the final turn, on the turn's region.
         turn_index = np.arange(hrow.size) - np.searchsorted(hrow, hrow, side="left")
@@ -487,6 +505,14 @@ def batch_metrics_and_turns(batch: TokenBatch, tables: KernelTables) -> tuple[di
         t_last = np.searchsorted(cs_mask, cs_mask[re_], side="left") - 1  # inside the region: it has supervised tokens
         final = turn_index[tr] == assistant_turns[t_row] - 1
         keeps = final | (spec.drops_history_reasoning is False)
+        if spec.keeps_reasoning_after_last_user and spec.user_header:
+            # Qwen3, Qwen3.6: a turn with no real user message after it (only tool results, rendered as user
+            # turns that open with <tool_response>) keeps its reasoning: the tool-calling turns of an agent loop.
+            is_user = _matches(ids, pos_ts, ends[ts_row], spec.user_header)
+            if spec.tool_response_opener:
+                is_user &= ~_matches(ids, pos_ts, ends[ts_row], spec.tool_response_opener)
+            _, user_follows = first_at_or_after(pos_ts[is_user], re_, ends[t_row])
+            keeps = keeps | ~user_follows
         turns = {
             "row": (t_row + batch.start_row).astype(np.int64),
             "turn": turn_index[tr].astype(np.int32),
@@ -509,6 +535,8 @@ def batch_metrics_and_turns(batch: TokenBatch, tables: KernelTables) -> tuple[di
         sup_inside = np.zeros(n, dtype=np.int64)
         assistant_turns = np.zeros(n, dtype=np.int64)
         trained_turns = np.zeros(n, dtype=np.int64)
+        header_trained_tokens = np.zeros(n, dtype=np.int64)
+        trained_header_turns = closed_turns = eot_trained_turns = np.zeros(n, dtype=np.float64)
 
     # Masking conventions of the final turn (-1: does not apply): is the token the template puts
     # after a trained end of turn trained too; is a <think> that opens the turn trained (SpecForge's
@@ -526,6 +554,9 @@ def batch_metrics_and_turns(batch: TokenBatch, tables: KernelTables) -> tuple[di
             applies = has_assistant & (content_start < ends) & (ids[c] == spec.think_open) & (final_sup > 0)
             think_open_trained[applies] = mask[c[applies]] != 0
     misaligned = supervised - sup_inside + batch.label_mismatch
+    # -1 where no trained turn (no closed trained turn) shows it.
+    header_trained = np.where(trained_turns > 0, (trained_header_turns > 0).astype(np.int8), -1).astype(np.int8)
+    eot_trained = np.where(closed_turns > 0, (eot_trained_turns == closed_turns).astype(np.int8), -1).astype(np.int8)
 
     # Hashes of the supervised sequence and of the prompt (unsupervised tokens), and loops.
     mb = mask.view(bool)
@@ -586,5 +617,8 @@ def batch_metrics_and_turns(batch: TokenBatch, tables: KernelTables) -> tuple[di
         "trained_turns": trained_turns,
         "post_eot_trained": post_eot_trained,
         "think_open_trained": think_open_trained,
+        "header_trained": header_trained,
+        "header_trained_tokens": header_trained_tokens,
+        "eot_trained": eot_trained,
     }
     return metrics, turns

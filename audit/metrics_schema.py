@@ -58,7 +58,8 @@ SAMPLE_METRICS: tuple[Metric, ...] = (
     Metric("think_closed", BOOL, "... and closes it with </think>"),
     Metric("final_turn_closed", BOOL, "the final assistant turn ends with the end-of-turn token"),
     Metric("last_supervised_eot", BOOL, "the last supervised token is (or sits right after) the end of turn"),
-    Metric("misaligned_tokens", I64, "supervised tokens outside assistant turns, plus labels that differ from the input id"),
+    Metric("misaligned_tokens", I64, "supervised tokens outside assistant turns (assistant headers included unless most samples "
+           "train their headers), plus labels that differ from the input id"),
     Metric("ngram_repeat_share", F64, "share of the supervised 8-grams that repeat an earlier one in the sample"),
     Metric("supervised_hash", U64, "64-bit hash of the supervised token sequence (0 when nothing is supervised)"),
     Metric("prompt_hash", U64, "64-bit hash of the unsupervised tokens"),
@@ -66,6 +67,11 @@ SAMPLE_METRICS: tuple[Metric, ...] = (
     Metric("trained_turns", I64, "assistant turns with any supervised token", "convention"),
     Metric("post_eot_trained", I8, "the token after the final turn's trained end of turn is trained (1/0; -1 n/a)", "convention"),
     Metric("think_open_trained", I8, "the <think> opening the final turn is trained (1/0; -1 n/a)", "convention"),
+    Metric("header_trained", I8, "a trained assistant turn's header holds a trained token (1/0; -1: no trained turn)", "convention"),
+    Metric("header_trained_tokens", I64, "trained tokens of the assistant headers (in misaligned_tokens unless most samples "
+           "train their headers)", "convention"),
+    Metric("eot_trained", I8, "every closed trained assistant turn's end-of-turn token is trained (1/0; -1: no closed trained turn)",
+           "convention"),
     Metric("template_rows", I64, "samples sharing this sample's supervised tokens", "set"),
     Metric("template_prompts", I64, "distinct prompts among the samples sharing its supervised tokens", "set"),
     Metric("flagged_turns", I64, "how many of the sample's trained turns some check flags", "verdict"),
@@ -87,7 +93,8 @@ TURN_METRICS: tuple[Metric, ...] = (
     Metric("turn_closed", BOOL, "the turn ends with end of turn before the next role token"),
     Metric("last_supervised_eot", BOOL, "the turn's trained span ends at end of turn (or what the template puts after it)"),
     Metric("final_turn", BOOL, "the sample's last assistant turn"),
-    Metric("keeps_reasoning", BOOL, "the template keeps this turn's think block"),
+    Metric("keeps_reasoning", BOOL, "the template keeps this turn's think block (the final turn; every turn unless it drops history "
+           "reasoning; then still the turns no real user message follows: tool-calling turns)"),
     Metric("ngram_repeat_share", F64, "share of the turn's supervised 8-grams that repeat an earlier one in the turn"),
     Metric("supervised_hash", U64, "64-bit hash of the turn's supervised tokens (the span hash)"),
     Metric("prompt_hash", U64, "64-bit hash of the conversation before the turn (its prompt: untrained and trained tokens)"),

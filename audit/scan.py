@@ -336,6 +336,16 @@ def _templates(metrics: pl.DataFrame, turns: pl.DataFrame, ds: Dataset, spec: Te
     return out
 
 
+def set_aside_trained_headers(metrics: pl.DataFrame, conventions: dict[str, Any]) -> pl.DataFrame:
+    """``metrics`` with the trained assistant-header tokens taken out of ``misaligned_tokens`` when the set trains
+    its headers (``conventions["header_trained"]``: at least half the samples with a trained turn train its header,
+    as TRL's DeepSeek V3 template trains ``<｜Assistant｜>``): then a trained header is the set's convention, not a
+    masking bug. A header trained in a few samples only stays misaligned (``mask_misaligned``)."""
+    if conventions.get("header_trained") and "header_trained_tokens" in metrics.columns:
+        return metrics.with_columns(pl.col("misaligned_tokens") - pl.col("header_trained_tokens"))
+    return metrics
+
+
 def run_scan(
     dataset: str | Path,
     out_dir: str | Path | None = None,
@@ -379,7 +389,9 @@ def run_scan(
         rows, tokens = _stream_metrics(ds, tables, part, options.batch_rows, progress, turns_part)
         if rows == 0:
             raise InputError(f"{dataset}: no rows (an empty dataset)")
-        metrics = checks_mod.prepare(pl.read_parquet(part))
+        metrics = pl.read_parquet(part)
+        conventions = detect_conventions(metrics, spec)
+        metrics = checks_mod.prepare(set_aside_trained_headers(metrics, conventions))
         turns = checks_mod.prepare_turns(pl.read_parquet(turns_part))
         part.unlink()
         turns_part.unlink()
@@ -395,7 +407,8 @@ def run_scan(
             "row", *id_cols, "reasons", "turns"
         )
         metrics = metrics.drop("turns")  # the flagged turns' indices live in findings.parquet
-        summary = _summary(ds, metrics, findings, spec, ctx, share, options, selected, tokens, time.perf_counter() - t0, turns)
+        summary = _summary(ds, metrics, findings, spec, ctx, share, options, selected, tokens, time.perf_counter() - t0, turns,
+                           conventions)
         summary["fingerprint"] = fingerprint
         summary["degenerate_templates"] = _templates(metrics, turns, ds, spec, options.batch_rows, rows)
         metrics.write_parquet(work / "metrics.parquet", compression="zstd")
@@ -429,6 +442,7 @@ def _summary(
     tokens: int,
     elapsed: float,
     turns: pl.DataFrame | None = None,
+    conventions: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     rows = metrics.height
     counts = metrics.select([pl.col(n).sum().alias(n) for n in checks_mod.CHECK_NAMES]).row(0, named=True)
@@ -467,7 +481,7 @@ def _summary(
         "thinking_inferred": options.thinking == "auto",
         "thinking_share": thinking_share,
         "checks": checks,
-        "conventions": detect_conventions(metrics, spec),
+        "conventions": conventions if conventions is not None else detect_conventions(metrics, spec),
         "degenerate_templates": [],
         "supervised_tokens_distribution": _distribution(metrics["supervised_tokens"]),
         "params": ctx.params,

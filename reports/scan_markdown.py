@@ -47,6 +47,12 @@ def render_scan_markdown(summary: dict[str, Any]) -> str:
         lines.append("| (none) | 0 |" + (" 0 |" if multi else "") + " 0.0% | every check passed |")
     if cause:
         lines += ["", f"◀ {root_cause_legend(*cause)}."]
+    conv = summary.get("conventions") or {}
+    if conv.get("eot_trained") is False:  # a set-level convention, not a per-row finding (axolotl's train_on_eos: none)
+        eot = md_code((conv.get("format") or {}).get("end_of_turn") or "end of turn", None)
+        share = conv.get("eot_trained_share") or 0.0
+        lines += ["", (f"**End of turn untrained: the model will not learn to stop.** {eot} is trained in {share:.0%} of the "
+                       "samples with a closed trained turn.")]
     if summary.get("degenerate_templates"):
         # The text is what is trained: one turn's supervised tokens (the whole sample's where it has no assistant turn).
         if multi:

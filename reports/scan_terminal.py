@@ -64,7 +64,9 @@ def print_scan_table(summary: dict[str, Any], out_dir: str, console: Console) ->
             console.print(f"  {t.get('samples', t['count']):>9,}  {t['share']:6.1%}  {t['tokens']:>5}  "
                           f"{template_repr(t['text'], 200)}{where}", markup=False, highlight=False)
     if line := conventions_line(summary.get("conventions") or {}):  # chat format and masking conventions found
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
+        # An untrained end of turn (axolotl's train_on_eos: none) is no per-row finding, but the line says so loudly.
+        loud = (summary.get("conventions") or {}).get("eot_trained") is False
+        console.print(line, markup=False, highlight=False, soft_wrap=True, style="bold red" if loud else None)
     share = summary["failing_share"]
     colour = "green" if summary["failing_rows"] == 0 else "red"
     console.print(

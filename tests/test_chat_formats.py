@@ -79,12 +79,31 @@ def test_the_format_each_template_gives(name, tok_root):
     assert fmt.eot in fmt.boilerplate and set(fmt.post_eot) <= fmt.boilerplate
 
 
+# How each template renders a tool result after an assistant turn: the user header, the tool-response opener ("": a
+# role of its own, not a user turn) and whether an assistant turn followed only by tool results keeps its reasoning.
+TOOLS = {
+    "qwen3": ("<|im_start|>user\n", "<|im_start|>user\n<tool_response>", True),
+    "qwen3.6": ("<|im_start|>user\n", "<|im_start|>user\n<tool_response>", True),
+    "deepseek-v3": ("<｜User｜>", "", None),
+    "deepseek-r1": ("<｜User｜>", "", False),
+    "deepseek-v3.1": ("<｜User｜>", "", False),
+    "llama3": ("<|start_header_id|>user<|end_header_id|>\n\n", "", None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TOOLS))
+def test_how_each_template_renders_a_tool_result(name, tok_root):
+    d = template.load_template(str(folder_of(name, tok_root))).describe()
+    assert (d["user_header"], d["tool_response_opener"], d["keeps_reasoning_after_last_user"]) == TOOLS[name]
+
+
 @pytest.mark.parametrize("preset, name", [("qwen3", "qwen3"), ("qwen3.6", "qwen3.6"), ("qwen3.5", "qwen3.6")])
 def test_a_preset_is_what_the_real_template_derives(preset, name, tok_root):
     derived = template.load_template(str(folder_of(name, tok_root)))
     built_in = template.load_template(preset, decode=False)
     for attr in ("turn_start", "eot", "assistant_header", "think_open", "think_close", "newline", "vocab_size", "turn_openers",
-                 "post_eot", "think_prefix", "no_think_prefix", "drops_history_reasoning"):
+                 "post_eot", "think_prefix", "no_think_prefix", "drops_history_reasoning", "user_header", "tool_response_opener",
+                 "keeps_reasoning_after_last_user"):
         assert getattr(built_in, attr) == getattr(derived, attr), attr
     assert built_in.boilerplate <= derived.boilerplate  # the folder adds the vocabulary's other whitespace tokens
     # The preset describes itself without loading a tokenizer, in the same words.

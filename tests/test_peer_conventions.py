@@ -19,14 +19,18 @@ newline after ``<|im_end|>`` and ``<think>``; axolotl trains neither). Also: axo
 fallback landing a Qwen history turn's span on the next user message (found as mask_misaligned;
 its character diff gets the turn right), LLaMA-Factory's ``mask_history`` (last turn only) and ``enable_thinking:
 false`` (the empty think block in the untrained prompt). TRL's DeepSeek-V3 training template
-trains the ``<｜Assistant｜>`` header, which dqa flags on every row (xfail, see
-``TRL_DEEPSEEK_HEADER``).
+trains the ``<｜Assistant｜>`` header: reported as the set's convention (``header_trained``), not
+flagged. axolotl's ``train_on_eos: none`` leaves every end of turn untrained: no row is flagged,
+the conventions say so loudly (``eot_trained`` False). Qwen3's and Qwen3.6's templates keep the
+reasoning of the tool-calling turns after the last user message: a tool-call turn whose think
+block was removed is found (``missing_thinking``) in that turn, and nothing else.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 
 import polars as pl
 import pytest
@@ -137,6 +141,7 @@ def test_peer_built_sets_are_read_right(tool, name, tok_root, tmp_path):
     chatml = name.startswith("qwen")
     assert conv["post_eot_trained"] is (True if chatml else None)  # both tools train ChatML's "\n" after <|im_end|>
     assert conv["header_includes_think"] is ({"qwen3": False, "qwen3.6": True}.get(name))
+    assert (conv["header_trained"], conv["eot_trained"]) == (False, True)
     last_only = tool == "speculators" or name == "qwen3.6"  # SpecForge's qwen3.5 header matches only the thinking turn
     assert conv["trained_turns"] == ("last" if last_only else "all")
     assert conv["format"]["assistant_header"] in {"<|im_start|>assistant\n", "<|start_header_id|>assistant<|end_header_id|>\n\n", "<｜Assistant｜>"}
@@ -252,23 +257,17 @@ def scan_labels(rows, tmp_path, **options):
 
 
 # TRL's deepseekv3_training.jinja puts the role token inside {% generation %}: every assistant turn's
-# <｜Assistant｜> is trained. dqa's kernel (audit/kernels.py) starts a turn's region after its header, so the
-# trained header counts as misaligned and every row is flagged mask_misaligned.
-TRL_DEEPSEEK_HEADER = pytest.mark.xfail(
-    strict=True,
-    reason="TRL's DeepSeek-V3 training template trains the <｜Assistant｜> header; kernels.py counts a trained assistant "
-    "header as misaligned (region starts after the header), so every row is flagged mask_misaligned",
-)
+# <｜Assistant｜> is trained. Most samples train their header, so the scan takes it for the set's convention
+# (conventions header_trained) and does not count it as misaligned; the planted user-text leak still is.
+HEADER_TRAINED = {("trl", "deepseek-v3")}
 
 
 @pytest.mark.parametrize("tool", LABEL_TOOLS)
 @pytest.mark.parametrize("name", ["qwen3", "qwen3.6", "llama3", "deepseek-v3"])
-def test_label_tools_multi_turn_sets_are_read_right(tool, name, tok_root, tmp_path, request):
+def test_label_tools_multi_turn_sets_are_read_right(tool, name, tok_root, tmp_path):
     """Sets built by TRL's, LLaMA-Factory's and axolotl's rules (``labels``, -100 untrained), mostly multi-turn:
     exactly the planted per-turn defects are found, each by its check and in its turn, and the tool's
     conventions are reported."""
-    if (tool, name) == ("trl", "deepseek-v3"):
-        request.applymarker(TRL_DEEPSEEK_HEADER)
     model, folder = model_of(name, tok_root)
     rows, expected = multi_turn_set(tool, name, model)
     result = scan_labels(rows, tmp_path, tokenizer=str(folder))
@@ -286,6 +285,8 @@ def test_label_tools_multi_turn_sets_are_read_right(tool, name, tok_root, tmp_pa
     assert conv["post_eot_trained"] is (POST_EOT[tool] if chatml else None)
     assert conv["header_includes_think"] is (THINK_UNTRAINED[tool] if chatml else None)
     assert conv["trained_turns"] == "all"
+    assert conv["header_trained"] is ((tool, name) in HEADER_TRAINED)
+    assert conv["eot_trained"] is True  # every tool trains the end of turn by default
 
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3.6"])
@@ -357,3 +358,120 @@ def test_the_terminal_shows_axolotls_conventions(tok_root, tmp_path, cli):
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("conventions:"))
     assert line == ("conventions: header '<|im_start|>assistant\\n' · '\\n' after <|im_end|> untrained · "
                     "<think> in the untrained header · all assistant turns trained (34 multi-turn)")
+
+
+def test_trl_deepseek_trains_the_header_of_every_turn_and_a_stray_trained_header_is_still_misaligned(tok_root, tmp_path):
+    """TRL on DeepSeek V3 trains <｜Assistant｜> in every row: the convention, reported, no finding. A set where one
+    row of 31 trains its header (a masking bug) still flags that row (tests/test_scan_checks.py does it for Qwen3)."""
+    model, folder = model_of("deepseek-v3", tok_root)
+    rows = [r for msgs in good_conversations(30, False) for r in build_rows("trl", model, msgs)]
+    result = scan_labels(rows, tmp_path, tokenizer=str(folder))
+    assert result.findings.height == 0
+    conv = result.summary["conventions"]
+    assert (conv["header_trained"], conv["header_trained_share"]) == (True, 1.0)
+    assert (result.metrics["misaligned_tokens"] == 0).all() and (result.metrics["header_trained_tokens"] >= 1).all()
+    # The same rows by LLaMA-Factory's rule (header untrained), one of them with its header trained by hand.
+    rows = [r for msgs in good_conversations(30, False) for r in build_rows("llamafactory", model, msgs)]
+    ids, labels = rows[3]
+    header = model.encode("<｜Assistant｜>")[0]
+    at = max(k for k, t in enumerate(ids) if t == header)
+    rows[3] = (ids, labels[:at] + [header] + labels[at + 1:])
+    (tmp_path / "stray").mkdir()
+    result = scan_labels(rows, tmp_path / "stray", tokenizer=str(folder))
+    assert result.findings["row"].to_list() == [3] and result.findings["reasons"].to_list() == [["mask_misaligned"]]
+    assert result.summary["conventions"]["header_trained"] is False
+    assert result.metrics.row(3, named=True)["misaligned_tokens"] == 1
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3.6", "llama3", "deepseek-v3"])
+def test_axolotl_train_on_eos_none_leaves_the_end_of_turn_untrained(name, tok_root, tmp_path):
+    """``train_on_eos: none`` (and so ``train_on_eot: none``): no end of turn is trained. Every trained span still ends at
+    end of turn (just before it), so no row is flagged; the conventions say the end of turn is untrained, the
+    model will not learn to stop."""
+    model, folder = model_of(name, tok_root)
+    config = axolotl_config(model)
+    rng = random.Random(12)
+    convs = [rounds(rng, i, [reply(rng, THINKS[name]) for _ in range(1 + i % 3)]) for i in range(30)]
+    rows = [axolotl(model, c, train_on_eos="none", **config) for c in convs]
+    default = [axolotl(model, c, **config) for c in convs[:3]]
+    eot = {"qwen3": "<|im_end|>", "qwen3.6": "<|im_end|>", "llama3": "<|eot_id|>", "deepseek-v3": "<｜end▁of▁sentence｜>"}[name]
+    eot_id = model.encode(eot)[0]
+    assert all(lab != eot_id for _, labels in rows for lab in labels)  # built by axolotl's rule: never trained
+    assert all(eot_id in labels for _, labels in default)  # its default (train_on_eos: turn) trains it
+    result = scan_labels(rows, tmp_path, tokenizer=str(folder))
+    assert result.findings.height == 0
+    conv = result.summary["conventions"]
+    assert (conv["eot_trained"], conv["eot_trained_share"]) == (False, 0.0)
+    assert (result.metrics["eot_trained"] == 0).all()
+
+
+def test_the_terminal_says_an_untrained_end_of_turn_loudly(tok_root, tmp_path, cli):
+    model, folder = model_of("qwen3", tok_root)
+    rng = random.Random(13)
+    rows = [axolotl(model, rounds(rng, i, [reply(rng, True) for _ in range(1 + i % 3)]), train_on_eos="none", **axolotl_config(model))
+            for i in range(30)]
+    path = write_parquet(tmp_path / "set.parquet", rows, mask_name="labels")
+    r = cli("scan", path, "--out", tmp_path / "out", "--tokenizer", str(folder))
+    assert r.exit_code == 0
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("conventions:"))
+    assert line == ("conventions: header '<|im_start|>assistant\\n' · end of turn <|im_end|> untrained: the model will not learn "
+                    "to stop · <think> in the untrained header · all assistant turns trained "
+                    "(20 multi-turn)")
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "**End of turn untrained: the model will not learn to stop.**" in md
+
+
+# ----------------------------------------------------------------------------- tool-calling turns keep their reasoning
+
+
+def agent_conversation(rng: random.Random, i: int, tool_turns: int) -> list[dict]:
+    """A question answered after ``tool_turns`` tool calls, each tool-calling turn with its own reasoning, preceded by an
+    earlier round (whose reasoning the template drops: a user message follows it)."""
+    msgs = [{"role": "user", "content": f"Earlier {i}: {sentence(rng, 6)}"},
+            {"role": "assistant", "content": sentence(rng, 20), "reasoning_content": f"history {i} {sentence(rng, 10)}"},
+            {"role": "user", "content": f"Look up {i}: {sentence(rng, 8)}"}]
+    for k in range(tool_turns):
+        msgs += [{"role": "assistant", "content": f"Calling the tool, step {k}.", "reasoning_content": f"plan {i}.{k} {sentence(rng, 12)}",
+                  "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": {"query": f"q{i}.{k}"}}}]},
+                 {"role": "tool", "content": f"result {i}.{k}: {sentence(rng, 10)}"}]
+    msgs.append({"role": "assistant", "content": sentence(rng, 30), "reasoning_content": f"final {i} {sentence(rng, 15)}"})
+    return msgs
+
+
+def render_rows(model, messages: list[dict], drop_reasoning: str | None = None) -> tuple[list[int], list[int]]:
+    """The conversation rendered by the model's own template, every assistant turn trained from after
+    ``<|im_start|>assistant\\n`` through ``<|im_end|>\\n`` (SpecForge's qwen3-thinking rule); ``drop_reasoning``: the
+    reasoning whose think block a pipeline removed from the rendered text."""
+    text = model.render(messages)
+    if drop_reasoning is not None:
+        block = f"<think>\n{drop_reasoning}\n</think>\n\n"
+        assert text.count(block) == 1, "the template must keep this turn's think block"
+        text = text.replace(block, "")
+    ids = model.encode(text)
+    mask = [0] * len(ids)
+    for m in re.finditer(re.escape("<|im_start|>assistant\n") + r"([\s\S]*?<\|im_end\|>\n)", text):
+        a, b = len(model.encode(text[: m.start(1)])), len(model.encode(text[: m.end(1)]))
+        mask[a:b] = [1] * (b - a)
+    return ids, mask
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3.6"])
+def test_a_tool_call_turn_without_its_think_block_is_missing_thinking(name, tok_root, tmp_path):
+    """Qwen3's and Qwen3.6's templates drop the reasoning of the turns before the last user message only: the
+    tool-calling turns after it (followed by ``<|im_start|>user\\n<tool_response>``) keep theirs. A set of agent
+    conversations rendered by the template is clean; one tool-calling turn with its think block removed is flagged
+    missing_thinking in that turn and nothing else, by the tokenizer folder and by the preset alike."""
+    model, folder = model_of(name, tok_root)
+    rng = random.Random(14)
+    convs = [agent_conversation(rng, i, 1 + i % 3) for i in range(24)]
+    rows = [render_rows(model, c) for c in convs]
+    assert "<tool_response>" in model.hf.decode(rows[0][0])
+    bad = agent_conversation(rng, 99, 3)
+    rows.append(render_rows(model, bad, drop_reasoning=bad[5]["reasoning_content"]))  # the second tool-calling turn
+    path = write_parquet(tmp_path / "set.parquet", rows)
+    for tokenizer in (str(folder), name):
+        result = run_scan(path, tmp_path / f"out-{tokenizer.replace('/', '_')}", ScanOptions(tokenizer=tokenizer))
+        f = result.findings
+        assert f["row"].to_list() == [24], f
+        assert f["reasons"].to_list() == [["missing_thinking"]] and f["turns"].to_list() == [[2]]  # turn 0: the history round
+        assert result.summary["conventions"]["format"]["tool_response_opener"] == "<|im_start|>user\n<tool_response>"

@@ -19,13 +19,21 @@ def _list_checks() -> None:
     out = console(stderr=False)
     from rich.table import Table
 
-    t = Table(title="dqa checks", title_justify="left")
+    t = Table(title="dqa checks", title_justify="left",
+              caption="priority: when several checks flag a sample, the lowest number names its primary reason (the root "
+              "cause); judges: each trained assistant turn (and the sample), or the sample as a whole",
+              caption_justify="left")
     t.add_column("check", style="bold")
+    t.add_column("priority", justify="right")
+    t.add_column("judges")
     t.add_column("flags a sample when")
     t.add_column("defaults")
-    for c in CHECKS:
-        t.add_row(c.name, f"{c.flags_when}\n[dim]why: {c.why}[/]", ", ".join(f"{k}={v}" for k, v in c.defaults.items()) or "-")
-    t.add_row("[dim](scan)[/]", "thinking is expected when this share of samples thinks", ", ".join(f"{k}={v}" for k, v in GLOBAL_DEFAULTS.items()))
+    for c in sorted(CHECKS, key=lambda c: (c.priority, c.name)):
+        judges = "turns" if c.turn_rule is not None else "sample"
+        t.add_row(c.name, str(c.priority), judges, f"{c.flags_when}\n[dim]why: {c.why}[/]",
+                  ", ".join(f"{k}={v}" for k, v in c.defaults.items()) or "-")
+    t.add_row("[dim](scan)[/]", "", "", "thinking is expected when this share of samples thinks",
+              ", ".join(f"{k}={v}" for k, v in GLOBAL_DEFAULTS.items()))
     out.print(t)
 
 
@@ -51,7 +59,7 @@ def scan(
     last_turn_only: bool = typer.Option(False, "--last-turn-only", help="Conversation JSONL: train only the last assistant turn (SpecForge's train_only_last_turn; default: every assistant turn)."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout instead of the table."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table, no progress; exit code only."),
-    list_checks: bool = typer.Option(False, "--list-checks", help="List the checks with their defaults and exit."),
+    list_checks: bool = typer.Option(False, "--list-checks", help="List the checks (priority, whether they judge turns, defaults) and exit."),
 ) -> None:
     """Audit a tokenized training set: every sample gets the named checks.
 

@@ -39,6 +39,7 @@ from dqa.audit.template import qwen3_preset
 
 IM_START, IM_END, NL, NL2, THINK, END_THINK = 151644, 151645, 198, 271, 151667, 151668
 ASSISTANT, USER, SYSTEM, EOS, SPACE = 77091, 872, 8948, 151643, 220
+TOOL_RESPONSE, END_TOOL_RESPONSE = 151665, 151666
 WORDS = [1000, 1001, 1002, 1003, 3925, 13, 40, 2167]  # a small pool, so duplicates and loops happen
 
 EXAMPLES = 2000 if os.environ.get("DQA_SOAK") == "1" else 150
@@ -47,11 +48,14 @@ SPEC = qwen3_preset(decode=False)
 TABLES = KernelTables.build(SPEC)
 
 # A DeepSeek-V3-shaped format inside Qwen3's vocabulary: <｜User｜> and <｜Assistant｜> open turns,
-# the header is <｜Assistant｜> alone, end of turn <｜end▁of▁sentence｜> with nothing after it.
+# the header is <｜Assistant｜> alone, end of turn <｜end▁of▁sentence｜> with nothing after it; history reasoning
+# dropped before the last <｜User｜> (tool results would be a role of their own).
 DS_USER, DS_ASSISTANT, DS_EOS = 151646, 151647, 151643
 DS_SPEC = ChatFormat(name="deepseek-like", turn_start=DS_ASSISTANT, eot=DS_EOS, assistant_header=(DS_ASSISTANT,),
                      think_open=THINK, think_close=END_THINK, boilerplate=frozenset({DS_EOS, THINK, END_THINK, NL, NL2, SPACE}),
-                     vocab_size=151669, newline=NL, turn_openers=(DS_ASSISTANT, DS_USER), post_eot=())
+                     vocab_size=151669, newline=NL, turn_openers=(DS_ASSISTANT, DS_USER), post_eot=(),
+                     drops_history_reasoning=True, user_header=(DS_USER,), tool_response_opener=(),
+                     keeps_reasoning_after_last_user=True)
 DS_TABLES = KernelTables.build(DS_SPEC)
 
 
@@ -121,7 +125,11 @@ def reference_row(t: list[int], sup: list[int], convention: str, spec: ChatForma
     # Supervised tokens inside assistant turns: header end .. end of turn (+ what follows it), cut at the next turn opener.
     inside = 0
     trained_turns = 0
+    header_tokens = header_turns = closed_turns = eot_turns = 0
     turns = []
+    user_hdr, tool_hdr = list(spec.user_header), list(spec.tool_response_opener or ())
+    real_users = [i for i in range(L) if user_hdr and t[i:i + len(user_hdr)] == user_hdr
+                  and not (tool_hdr and t[i:i + len(tool_hdr)] == tool_hdr)]
     for k, hp in enumerate(headers):
         a = hp + h
         e = next((i for i in range(a, L) if t[i] == eot), None)
@@ -137,8 +145,14 @@ def reference_row(t: list[int], sup: list[int], convention: str, spec: ChatForma
             b = min(b, nxt)
         inside += sum(m[a:b])
         trained_turns += sum(m[a:b]) > 0
+        header_tokens += sum(m[hp:a])
+        closed = e is not None and (nxt is None or e < nxt)
         if sum(m[a:b]):
-            turns.append(reference_turn(t, m, spec, k, len(headers), hp, a, b, closed=e is not None and (nxt is None or e < nxt)))
+            header_turns += sum(m[hp:a]) > 0
+            closed_turns += closed
+            eot_turns += closed and m[e] == 1
+            user_after = any(b <= u for u in real_users)
+            turns.append(reference_turn(t, m, spec, k, len(headers), hp, a, b, closed=closed, user_after=user_after))
 
     seq = [t[i] for i in sup_pos]
     return {
@@ -160,6 +174,9 @@ def reference_row(t: list[int], sup: list[int], convention: str, spec: ChatForma
         "trained_turns": trained_turns,
         "post_eot_trained": post_eot_trained,
         "think_open_trained": think_open_trained,
+        "header_trained": (1 if header_turns else 0) if trained_turns else -1,
+        "header_trained_tokens": header_tokens,
+        "eot_trained": (1 if eot_turns == closed_turns else 0) if closed_turns else -1,
         "_turns": turns,
         "_supervised_seq": tuple(seq),
         "_prompt_seq": tuple(t[i] for i in range(L) if not m[i]),
@@ -174,8 +191,10 @@ def ends_at_eot(t: list[int], j: int, spec: ChatFormat) -> bool:
     return any(j - k >= 0 and t[j - k] == eot and t[j - k + 1:j + 1] == post[:k] for k in range(1, len(post) + 1))
 
 
-def reference_turn(t: list[int], m: list[int], spec: ChatFormat, k: int, n_headers: int, hp: int, a: int, b: int, closed: bool) -> dict:
-    """The per-turn metrics of the trained assistant turn ``k`` (header at ``hp``, region ``[a, b)``)."""
+def reference_turn(t: list[int], m: list[int], spec: ChatFormat, k: int, n_headers: int, hp: int, a: int, b: int, closed: bool,
+                   user_after: bool = True) -> dict:
+    """The per-turn metrics of the trained assistant turn ``k`` (header at ``hp``, region ``[a, b)``); ``user_after``:
+    a real user message (a user header that opens no tool result) follows the turn's region in the row."""
     boiler = spec.boilerplate
     opens = [i for i in range(a, b) if t[i] == spec.think_open]
     present = bool(opens)
@@ -197,7 +216,8 @@ def reference_turn(t: list[int], m: list[int], spec: ChatFormat, k: int, n_heade
         "turn_closed": closed,
         "last_supervised_eot": ends_at_eot(t, last, spec),
         "final_turn": k == n_headers - 1,
-        "keeps_reasoning": k == n_headers - 1 or spec.drops_history_reasoning is False,
+        "keeps_reasoning": k == n_headers - 1 or spec.drops_history_reasoning is False
+        or bool(spec.keeps_reasoning_after_last_user and spec.user_header and not user_after),
         "span_start": a,
         "span_end": b,
         "ngram_repeat_share": reference_repeat_share(seq),  # the turn's own 8-grams
@@ -232,6 +252,8 @@ def turn(draw, role: int, style: str = "chatml") -> list[int]:
     body = draw(st.lists(st.sampled_from(WORDS + [SPACE, NL, NL2]), max_size=6))
     if style == "deepseek":  # <｜User｜>text (a system prompt is bare text: no opener)
         return [DS_USER, *body] if role == USER else body
+    if role == USER and draw(st.integers(0, 3)) == 0:  # a tool result, which Qwen3 renders as a user turn
+        body = [TOOL_RESPONSE, NL, *body, END_TOOL_RESPONSE]
     return [IM_START, role, NL, *body, IM_END, NL]
 
 
@@ -274,7 +296,7 @@ def chat_row(draw, style: str = "chatml"):
         spans.append((len(t) + hlen + skip, len(t) + len(a)))
         t += a
     if draw(st.integers(0, 5)) == 0:  # noise: stray template tokens anywhere
-        stray = [IM_START, IM_END, ASSISTANT] if style == "chatml" else [DS_USER, DS_ASSISTANT, DS_EOS]
+        stray = [IM_START, IM_END, ASSISTANT, USER, TOOL_RESPONSE] if style == "chatml" else [DS_USER, DS_ASSISTANT, DS_EOS]
         noise = draw(st.lists(st.sampled_from([*stray, THINK, END_THINK, NL, EOS, 1000]), max_size=6))
         at = draw(st.integers(0, len(t)))
         t = t[:at] + noise + t[at:]
@@ -349,7 +371,8 @@ def kernel_metrics(path: Path, batch_rows: int, max_tokens: int, tables: KernelT
 
 EXACT = ("n_tokens", "n_mask", "supervised_tokens", "content_tokens", "prompt_tokens", "thinking_tokens", "answer_tokens",
          "has_assistant", "think_present", "think_closed", "final_turn_closed", "last_supervised_eot", "misaligned_tokens",
-         "assistant_turns", "trained_turns", "post_eot_trained", "think_open_trained")
+         "assistant_turns", "trained_turns", "post_eot_trained", "think_open_trained", "header_trained", "header_trained_tokens",
+         "eot_trained")
 
 
 def check_against_reference(case, got: dict[str, np.ndarray], spec: ChatFormat = SPEC) -> None:
