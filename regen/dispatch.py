@@ -9,7 +9,8 @@ failures; a request the server rejects whatever the row (an unknown field, no su
 stops the run (``fatal``) without recording the row. An endpoint with ``fail_threshold`` consecutive endpoint faults (or a
 refused connection, or two failed health checks) is taken out: its in-flight
 requests are cancelled and go back to the queue for the others, and it is
-probed back in with ``/health_generate`` (``/health`` for servers without it).
+probed back in with its server kind's health path (``/health_generate``; ``/health`` for servers
+without it: ``servers.base.ServerKind.health_paths``).
 
 What each endpoint is (``server_probe.ServerFacts``: context length, speculative reserve,
 version, whether seeds take effect) comes from the start-up preflight, or is asked once the
@@ -39,6 +40,7 @@ from dqa.regen.client import FAIL, FATAL, LENGTH, OK, RETRY, Job, Outcome, call
 from dqa.regen.journal import Result, encode
 from dqa.regen.progress import EndpointCounts, Progress
 from dqa.regen.server_probe import SeedNotice, ServerFacts, describe, discover
+from dqa.regen.servers import KINDS
 from dqa.regen.urls import strip_userinfo
 
 STATUS = {OK: "ok", LENGTH: "length", FAIL: "failed"}
@@ -71,7 +73,7 @@ class DispatchSettings:
 class Endpoint:
     """One server URL and what the dispatcher knows about it."""
 
-    def __init__(self, url: str, name: str, counts: EndpointCounts):
+    def __init__(self, url: str, name: str, counts: EndpointCounts, health_path: str = "/health_generate"):
         self.url = url.rstrip("/")
         self.name = name  # the URL without credentials: what logs and shards show
         self.counts = counts
@@ -82,7 +84,7 @@ class Endpoint:
         self.probing = False
         self.next_check = 0.0
         self.probe_backoff = 1.0
-        self.health_path = "/health_generate"
+        self.health_path = health_path  # the next one of the kind's health_paths after a 404
         self.extras_off: frozenset[str] = frozenset()
         self.tasks: set[asyncio.Task] = set()
         self.last_error = ""
@@ -124,10 +126,12 @@ class Dispatcher:
         self.check = check
         self.endpoints: list[Endpoint] = []
         path = protocol.path
+        # Health: where the protocol's server kind reads it, best first (a 404 moves on).
+        self.health_paths = KINDS[protocol.name].health_paths
         self.seed_notice = SeedNotice()
         for u in urls:
             name = strip_userinfo(u.rstrip("/"))
-            ep = Endpoint(u, name, progress.endpoints.setdefault(name, EndpointCounts()))
+            ep = Endpoint(u, name, progress.endpoints.setdefault(name, EndpointCounts()), self.health_paths[0])
             ep.gen_url = ep.url + path
             known = (facts or {}).get(u)
             if known is not None:
@@ -514,7 +518,8 @@ class Dispatcher:
     async def _health(self, ep: Endpoint) -> tuple[bool, str]:
         import aiohttp
 
-        for _ in range(2):
+        paths = self.health_paths
+        for _ in range(len(paths)):
             try:
                 async with self.session.get(ep.url + ep.health_path, timeout=self._health_timeout) as r:
                     await r.read()
@@ -523,8 +528,9 @@ class Dispatcher:
                 return False, f"{ep.health_path} timed out"
             except (aiohttp.ClientError, OSError) as exc:
                 return False, f"{ep.health_path}: {type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
-            if status == 404 and ep.health_path == "/health_generate":
-                ep.health_path = "/health"  # servers without it (transformers serve)
+            later = paths[paths.index(ep.health_path) + 1:] if ep.health_path in paths else ()
+            if status == 404 and later:
+                ep.health_path = later[0]  # servers without it (transformers serve has no /health_generate)
                 continue
             return status == 200, f"{ep.health_path} HTTP {status}"
         return False, "no health endpoint"

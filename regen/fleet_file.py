@@ -30,8 +30,8 @@ from dqa.errors import InputError
 FLEET_VERSION = 1
 # The --fleet default of every fleet command: ./fleet.json, or $DQA_FLEET.
 DEFAULT_FLEET_FILE = os.environ.get("DQA_FLEET", "fleet.json")
-ENGINES = ("sglang", "transformers")
-PROTOCOLS = ("sglang", "openai")
+# Which engines and protocols a fleet file may name: dqa.regen.servers (ENGINES, PROTOCOLS, and
+# each kind's protocol as the default), imported when a file is parsed, not when dqa starts.
 # Flags whose value is a credential; their values never reach the fleet file.
 SECRET_FLAGS = ("--api-key", "--admin-api-key", "--hf-token", "--token")
 REDACTED = "***"
@@ -146,10 +146,12 @@ def parse_fleet(obj: Any, path: Path) -> Fleet:
     version = obj.get("version", FLEET_VERSION)
     if version != FLEET_VERSION:
         raise _bad(path, f"version {version!r}, expected {FLEET_VERSION}")
+    from dqa.regen.servers import ENGINES, KINDS, PROTOCOLS
+
     engine = obj.get("engine", "sglang")
     if engine not in ENGINES:
         raise _bad(path, f"engine {engine!r}, expected one of {', '.join(ENGINES)}")
-    protocol = obj.get("protocol", "openai" if engine == "transformers" else "sglang")
+    protocol = obj.get("protocol", KINDS[engine].protocol)
     if protocol not in PROTOCOLS:
         raise _bad(path, f"protocol {protocol!r}, expected one of {', '.join(PROTOCOLS)}")
     model = obj.get("model")

@@ -2,11 +2,10 @@
 
 ``build_commands`` turns a ``LaunchSpec`` into one ``ServerCommand`` per GPU: an argument list
 (never a shell string; user text such as a model path with spaces passes through intact), the
-environment it adds (``CUDA_VISIBLE_DEVICES=i``), its port and its log file. SGLang flags follow
-SGLANG.md, per SGLang release where they differ (``LaunchSpec.sglang_version``; the Mamba cache
-strategy flag: see ``server_sglang.mamba_extra_buffer_flags``), and ``installed_sglang_version``
-asks the servers' Python which release it has; ``--engine transformers`` runs ``transformers
-serve`` (the CPU stand-in).
+environment it adds (``CUDA_VISIBLE_DEVICES=i``), its port and its log file. The argument list
+itself is the engine's server kind's (``dqa.regen.servers``: ``servers.sglang`` per SGLANG.md and
+the SGLang release, ``servers.transformers`` for ``transformers serve``, the CPU stand-in), and so
+is the health path ``wait_healthy`` polls.
 ``stage_model`` copies the model folder to a RAM disk once. ``start_servers`` +
 ``wait_healthy`` bring the fleet up; ``stop_endpoint`` stops exactly a recorded process after
 checking it still is the one dqa started. The whole of `dqa fleet up` (checks, staging, start,
@@ -34,23 +33,23 @@ from typing import Callable, Sequence
 
 from dqa.errors import InputError, RuntimeFailure, UsageError
 
-from .fleet_file import ENGINES, Endpoint, redact
+from .fleet_file import Endpoint, redact
 from .http_probe import answers_ok
-from .server_sglang import MAMBA_STRATEGY_FLAGS, mamba_extra_buffer_flags, parse_version
+from .server_sglang import parse_version
+from .servers import ENGINES, KINDS
 
-HEALTH_PATH = {"sglang": "/health_generate", "transformers": "/health"}
-PROTOCOL = {"sglang": "sglang", "transformers": "openai"}
+# The launch knowledge of each engine lives in its server kind; these names stay importable here.
+from .servers.sglang import (  # noqa: F401
+    DETERMINISTIC_FLAG, MAMBA_EXTRA_BUFFER_FLAGS, MTP_FLAGS, VERSION_QUERY, installed_sglang_version,
+    is_hybrid_mamba, wants_extra_buffer,
+)
+from .servers.transformers import transformers_executable  # noqa: F401
+
+# Per engine: the health path `fleet up` waits on, and the protocol its servers speak.
+HEALTH_PATH = {name: KINDS[name].health_paths[0] for name in ENGINES}
+PROTOCOL = {name: KINDS[name].protocol for name in ENGINES}
 STAGE_MARKER = ".dqa-stage.json"
 KILL_WAIT_S = 5.0  # how long a SIGKILLed process may take to disappear before it counts as "not stopped"
-# SGLang MTP: NEXTN (rewritten to EAGLE by SGLang), 3 steps, top-k 1, 4 draft tokens (SGLANG.md).
-MTP_FLAGS = [
-    "--speculative-algorithm", "NEXTN",
-    "--speculative-num-steps", "3",
-    "--speculative-eagle-topk", "1",
-    "--speculative-num-draft-tokens", "4",
-]  # fmt: skip
-MAMBA_EXTRA_BUFFER_FLAGS = ["--mamba-scheduler-strategy", "extra_buffer"]  # SGLang <= 0.5.13 (see mamba_extra_buffer_flags)
-DETERMINISTIC_FLAG = "--enable-deterministic-inference"  # per-row seeds reproduce outputs (slower sampling)
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 # A POSIX shell variable name: anything else in `KEY=value` would be run by the dry-run script.
 ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -153,40 +152,6 @@ def parse_gpus(text: str) -> list[str]:
     return out
 
 
-def is_hybrid_mamba(model: str) -> bool:
-    """True when ``model``'s config.json describes a hybrid linear-attention/Mamba model
-    (Qwen3-Next / Qwen3.5 style), which needs SGLang's extra_buffer strategy with MTP."""
-    cfg_path = Path(model) / "config.json"
-    try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    configs = [cfg] + [v for v in cfg.values() if isinstance(v, dict)]  # text_config of VL models
-    for c in configs:
-        model_type = str(c.get("model_type", "")).lower()
-        if model_type.startswith(("qwen3_next", "qwen3_5", "qwen3_6")) or "mamba" in model_type or "jamba" in model_type:
-            return True
-        archs = " ".join(map(str, c.get("architectures") or [])).lower()
-        if any(k in archs for k in ("next", "mamba", "jamba", "hybrid", "nemotronh")):
-            return True
-        layer_types = c.get("layer_types") or c.get("layers_block_type") or []
-        if isinstance(layer_types, list) and any(
-            isinstance(t, str) and ("linear" in t or "mamba" in t) for t in layer_types
-        ):
-            return True
-        if "full_attention_interval" in c or "linear_num_value_heads" in c:
-            return True
-    return False
-
-
-def transformers_executable(python: str) -> str:
-    """The ``transformers`` console script next to ``python`` (same environment), else on PATH."""
-    sibling = Path(python).parent / "transformers"
-    if sibling.is_file() and os.access(sibling, os.X_OK):
-        return str(sibling)
-    return shutil.which("transformers") or "transformers"
-
-
 def advertised_host(bind_host: str, advertise: str | None) -> str:
     """The host name to put in endpoint URLs: ``advertise`` if given, the bind host unless it is a
     wildcard, else this machine's primary address (no packet is sent), else 127.0.0.1."""
@@ -205,55 +170,11 @@ def _url(host: str, port: int) -> str:
 
 
 def server_argv(spec: LaunchSpec, port: int) -> list[str]:
-    """The argument list of one server listening on ``port`` (see SGLANG.md, "Launch")."""
-    if spec.engine == "transformers":
-        return [transformers_executable(spec.python), "serve", spec.model, "--host", spec.host, "--port", str(port)] + list(spec.extra)
-    if spec.engine != "sglang":
+    """The argument list of one server listening on ``port``: its engine's ``launch_argv``
+    (SGLang: see SGLANG.md, "Launch"). Raises ``UsageError`` for an engine dqa cannot launch."""
+    if spec.engine not in ENGINES:
         raise UsageError(f"--engine {spec.engine!r}: expected one of {', '.join(ENGINES)}")
-    argv = [spec.python, "-m", "sglang.launch_server", "--model-path", spec.model, "--host", spec.host, "--port", str(port)]
-    if spec.context_length:
-        argv += ["--context-length", str(spec.context_length)]
-    if spec.max_running_requests:
-        argv += ["--max-running-requests", str(spec.max_running_requests)]
-    if spec.reasoning_parser:
-        argv += ["--reasoning-parser", spec.reasoning_parser]
-    if spec.enable_metrics:
-        argv += ["--enable-metrics"]
-    if spec.deterministic:
-        argv += [DETERMINISTIC_FLAG]
-    if spec.mtp:
-        argv += MTP_FLAGS
-        given = any(a.split("=", 1)[0] in MAMBA_STRATEGY_FLAGS for a in spec.extra)
-        if wants_extra_buffer(spec) and not given:
-            argv += mamba_extra_buffer_flags(parse_version(spec.sglang_version))
-    return argv + list(spec.extra)
-
-
-def wants_extra_buffer(spec: LaunchSpec) -> bool:
-    """Whether the servers need the ``extra_buffer`` Mamba cache strategy: ``--mtp`` with
-    ``--mamba-extra-buffer on``, or ``auto`` and a hybrid Mamba model."""
-    if spec.engine != "sglang" or not spec.mtp:
-        return False
-    return spec.mamba_extra_buffer == "on" or (
-        spec.mamba_extra_buffer == "auto" and (spec.hybrid if spec.hybrid is not None else is_hybrid_mamba(spec.model))
-    )
-
-
-VERSION_QUERY = 'import importlib.metadata as m; print(m.version("sglang"))'
-
-
-def installed_sglang_version(python: str, timeout: float = 60.0) -> str | None:
-    """The sglang release installed for ``python`` (its package metadata; sglang itself is not
-    imported, which would take seconds and need a GPU build); None when it cannot be asked (no
-    such Python, no sglang there, no answer in ``timeout`` seconds)."""
-    try:
-        r = subprocess.run([python, "-c", VERSION_QUERY], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    text = r.stdout.strip()
-    if r.returncode != 0 or parse_version(text) is None:
-        return None
-    return text.splitlines()[-1].strip()
+    return KINDS[spec.engine].launch_argv(spec, port)
 
 
 def build_commands(spec: LaunchSpec) -> list[ServerCommand]:

@@ -32,7 +32,7 @@ from dqa.errors import InputError, RuntimeFailure, UsageError
 
 from . import fleet_file as ff
 from . import fleet_launch as fl
-from .server_sglang import NEWEST_KNOWN, mamba_extra_buffer_flags, parse_version
+from .servers import ENGINES, KINDS
 
 Progress = Callable[[int, int], None]
 
@@ -147,11 +147,7 @@ def _model_is_a_path(model: str, stage: Path | None) -> bool:
 def _missing_model_notes(spec: FleetSpec, model: str) -> list[str]:
     """What a dry run without the model folder decided without it (see ``prepare_launch``)."""
     notes = [f"model folder {model} not found on this machine; the script needs it where it runs"]
-    if spec.engine == "sglang" and spec.mtp and spec.mamba_extra_buffer == "auto":
-        notes.append(
-            "hybrid-Mamba detection (--mtp with --mamba-extra-buffer auto) needs its config.json: "
-            "assumed not hybrid, so no extra_buffer Mamba cache strategy (pass --mamba-extra-buffer on for a hybrid model)"
-        )
+    notes += KINDS[spec.engine].missing_model_notes(spec)  # SGLang: the hybrid-Mamba detection
     if spec.stage is not None:
         notes.append(
             f"--stage free-space check needs the model's size: not done (`dqa fleet up` checks {spec.stage} at run time; the script's cp does not)"
@@ -168,8 +164,9 @@ def prepare_launch(spec: FleetSpec, dry_run: bool = False) -> PreparedLaunch:
     model folder that does not exist (allowed with ``dry_run``: then ``notes`` say what was
     decided without it).
     """
-    if spec.engine not in ff.ENGINES:
-        raise UsageError(f"--engine {spec.engine!r}: expected one of {', '.join(ff.ENGINES)}")
+    if spec.engine not in ENGINES:
+        raise UsageError(f"--engine {spec.engine!r}: expected one of {', '.join(ENGINES)}")
+    kind = KINDS[spec.engine]
     gpu_list = fl.parse_gpus(spec.gpus) if isinstance(spec.gpus, str) else fl.parse_gpus(",".join(spec.gpus))
     if isinstance(spec.env, dict):
         for key in spec.env:
@@ -216,23 +213,9 @@ def prepare_launch(spec: FleetSpec, dry_run: bool = False) -> PreparedLaunch:
         # not hybrid (the note says so).
         hybrid=fl.is_hybrid_mamba(str(model_path)) if local else (False if missing else None),
     )
-    if spec.mtp and spec.engine != "sglang":
-        raise UsageError("--mtp is an SGLang option; drop it with --engine transformers")
-    if spec.deterministic and spec.engine != "sglang":
-        raise UsageError("--deterministic is an SGLang option; drop it with --engine transformers")
+    kind.check_launch(spec)  # options the engine has no use for (--mtp, --deterministic without SGLang)
     notes = _missing_model_notes(spec, str(model_path)) if missing else []
-    if launch.sglang_version is None and fl.wants_extra_buffer(launch):
-        # The Mamba cache strategy flag differs between releases: ask the servers' Python.
-        found = fl.installed_sglang_version(launch.python)
-        if found is not None:
-            launch.sglang_version = found
-        else:
-            flags = " ".join(mamba_extra_buffer_flags(parse_version(NEWEST_KNOWN))) or "no Mamba cache strategy flag"
-            notes.append(
-                f"the SGLang release of {launch.python} could not be asked; assumed {NEWEST_KNOWN} (the newest known), "
-                f"so {flags} (pass --sglang-version for another release: <=0.5.13 takes --mamba-scheduler-strategy extra_buffer, "
-                "0.5.14-0.5.19 --mamba-radix-cache-strategy extra_buffer)"
-            )
+    kind.prepare(launch, notes)  # SGLang: the release a flag depends on, asked from the servers' Python
     commands = fl.build_commands(launch)
     return PreparedLaunch(spec=spec, launch=launch, commands=commands, stage=stage_pair, notes=notes)
 
@@ -303,7 +286,7 @@ def launch_fleet(spec: FleetSpec, events: LaunchEvents | None = None) -> LaunchR
         with _sigterm_as_interrupt():
             record = ff.Fleet(
                 engine=spec.engine,
-                protocol=fl.PROTOCOL[spec.engine],
+                protocol=KINDS[spec.engine].protocol,
                 model=prepared.launch.model,
                 endpoints=[s.endpoint() for s in servers],
                 created_at=ff.now_iso(),

@@ -37,11 +37,11 @@ from typing import Callable
 import numpy as np
 
 from dqa.atomic import atomic_path, fsync_dir, remove_stale_temps
+from dqa.regen.run_folder import SHARD_RE, STATUSES, ShardStatus, list_shards, shard_path, shard_schema  # noqa: F401 - re-exported
 
 FRAME = struct.Struct("<II")
 FIXED = struct.Struct("<qqiiidd")  # row, seed, n_prompt, n_output, attempts, latency_s, completed_at
 SEGMENT_RE = re.compile(r"^(?P<tag>.+)-(?P<seq>\d{6,})\.log$")
-SHARD_RE = re.compile(r"^part-(?P<tag>.+)-(?P<seq>\d{6,})\.parquet$")
 
 
 @dataclass
@@ -113,34 +113,6 @@ def decode_segment(data: bytes) -> tuple[list[Result], int]:
     return out, n - pos
 
 
-def shard_schema():
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            ("row", pa.int64()),
-            ("id", pa.string()),
-            ("input_ids", pa.list_(pa.int32())),
-            ("loss_mask", pa.list_(pa.uint8())),
-            ("prompt_len", pa.int32()),
-            ("output_tokens", pa.int32()),
-            ("status", pa.string()),
-            ("finish_reason", pa.string()),
-            ("error", pa.string()),
-            ("endpoint", pa.string()),
-            ("attempts", pa.int32()),
-            ("latency_s", pa.float64()),
-            ("model", pa.string()),
-            ("sampling", pa.string()),
-            ("seed", pa.int64()),
-            ("completed_at", pa.timestamp("us", tz="UTC")),
-            ("turn", pa.int32()),
-            ("turns", pa.int32()),
-            ("kept_len", pa.int32()),
-        ]
-    )
-
-
 def results_table(results: list[Result]):
     """A pyarrow Table in the shard schema: ``input_ids`` = prompt + output, ``loss_mask`` 0 then 1."""
     import pyarrow as pa
@@ -194,18 +166,6 @@ def write_table(path: Path, table) -> None:
 
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="zstd", row_group_size=SHARD_ROW_GROUP)
-
-
-def shard_path(out: Path, tag: str, seq: int) -> Path:
-    return out / "shards" / f"part-{tag}-{seq:06d}.parquet"
-
-
-def list_shards(out: Path) -> list[Path]:
-    d = out / "shards"
-    return sorted(p for p in d.glob("part-*.parquet") if SHARD_RE.match(p.name)) if d.is_dir() else []
-
-
-STATUSES = ("ok", "length", "failed")  # Recovery.statuses holds indexes into this tuple
 
 
 @dataclass
@@ -312,7 +272,7 @@ def conversations(rows: np.ndarray, turn: np.ndarray, turns: np.ndarray, statuse
     r, t, ts, st, tok = rows[order], turn[order], turns[order], statuses[order], tokens[order]
     starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
     lasts = np.r_[starts[1:], r.size] - 1
-    ends_here = (st != STATUSES.index("ok")) | (t >= ts - 1)
+    ends_here = (st != ShardStatus.OK.code) | (t >= ts - 1)
     ended = np.maximum.reduceat(ends_here.astype(np.int8), starts).astype(bool)
     sums = np.add.reduceat(tok, starts)
     uniq = r[starts]
@@ -334,7 +294,7 @@ def partial_outputs(out: Path, rows: np.ndarray) -> dict[int, dict[int, np.ndarr
             continue
         t = pq.read_table(p, columns=["row", "turn", "status", "input_ids", "prompt_len"])
         hit = pc.is_in(t.column("row"), value_set=pa.array(sorted(want), pa.int64()))
-        t = t.filter(pc.and_(hit, pc.equal(t.column("status"), "ok")))
+        t = t.filter(pc.and_(hit, pc.equal(t.column("status"), ShardStatus.OK.value)))
         for rec in t.to_pylist():
             ids = np.asarray(rec["input_ids"], dtype=np.int32)
             result.setdefault(int(rec["row"]), {})[int(rec["turn"])] = ids[int(rec["prompt_len"]):]
@@ -387,12 +347,12 @@ def recover(out: Path, retry_failed: bool = False) -> Recovery:
         fsync_dir(out / "journal")
     rewritten: list[Path] = []
     if retry_failed:
-        failed = STATUSES.index("failed")
+        failed = ShardStatus.FAILED.code
         for i, d in enumerate(done):
             bad = d.statuses == failed
             if bad.any():
                 t = pq.read_table(d.path)
-                write_table(d.path, t.filter(pc.not_equal(t.column("status"), "failed")))
+                write_table(d.path, t.filter(pc.not_equal(t.column("status"), ShardStatus.FAILED.value)))
                 done[i] = _Done(d.path, d.rows[~bad], d.statuses[~bad], d.tokens[~bad], d.turn[~bad], d.turns[~bad])
                 rewritten.append(d.path)
     if done:

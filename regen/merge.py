@@ -78,6 +78,7 @@ from dqa.arrays import ranks as _ranks
 from dqa.audit import formats
 from dqa.audit.readers import IGNORE_INDEX, _is_int_list, flatten_token_lists, is_nested_list, nest_token_lists
 from dqa.errors import InputError, RuntimeFailure
+from dqa.regen.run_folder import STATUSES, RunFolder, RunManifest, ShardStatus
 
 PROVENANCE_COLUMN = "dqa_regen"
 PROVENANCE_TYPE = pa.struct(
@@ -90,11 +91,10 @@ PROVENANCE_TYPE = pa.struct(
         ("completed_at", pa.timestamp("us", tz="UTC")),
     ]
 )
-STATUSES = ("ok", "length", "failed")
-_OK, _LENGTH, _FAILED = 0, 1, 2
+_OK, _LENGTH, _FAILED = ShardStatus.OK.code, ShardStatus.LENGTH.code, ShardStatus.FAILED.code
 REPORT_SUFFIX = ".merge-report.json"
-ACCEPT_CHOICES = ("ok", "length")
-DEFAULT_ACCEPT = ("ok",)
+ACCEPT_CHOICES = (ShardStatus.OK.value, ShardStatus.LENGTH.value)
+DEFAULT_ACCEPT = (ShardStatus.OK.value,)
 CACHE_BYTES = 1 << 30  # shard row groups held at once, beyond those the current batch needs
 _SHARD_DATA_COLUMNS = ("input_ids", "loss_mask", "prompt_len", "kept_len", "id") + tuple(f.name for f in PROVENANCE_TYPE)
 
@@ -200,18 +200,10 @@ class RunSelection:
     note: str
 
 
-def _read_run_json(d: Path) -> dict[str, Any] | None:
-    """``d/run.json`` as a dict; None when missing. Raises ``InputError`` when it is not a JSON object."""
-    run = d / "run.json"
-    if not run.is_file():
-        return None
-    try:
-        cfg = json.loads(run.read_text())
-    except (ValueError, OSError) as exc:
-        raise InputError(f"{run}: not valid JSON ({exc})") from None
-    if not isinstance(cfg, dict):
-        raise InputError(f"{run}: not a JSON object")
-    return cfg
+def _read_manifest(d: Path) -> RunManifest | None:
+    """``d/run.json``; None when missing. Raises ``InputError`` when it is not a run.json (not JSON,
+    not an object, a key of the wrong type, a newer version)."""
+    return RunFolder(Path(d)).manifest()
 
 
 def read_run_selection(d: Path) -> RunSelection:
@@ -223,24 +215,19 @@ def read_run_selection(d: Path) -> RunSelection:
     ``dqa.regen.selection`` and accepted only when the digest matches (the findings file may
     have been rescanned since). Never raises for a missing or changed findings file: the
     result then has ``rows=None`` and a ``note``. Raises ``InputError`` when run.json exists
-    but is not JSON.
+    but is malformed.
     """
-    run = d / "run.json"
-    cfg = _read_run_json(d)
-    if cfg is None:
+    run = RunFolder(Path(d)).run_json
+    manifest = _read_manifest(d)
+    if manifest is None:
         return RunSelection(None, None, f"{run}: missing; only failed shard rows are listed")
-    ident = cfg.get("identity")
-    sel = ident.get("selection") if isinstance(ident, dict) else None
-    ds_rows = None
-    if isinstance(ident, dict) and isinstance(ident.get("dataset"), dict):
-        r = ident["dataset"].get("rows")
-        ds_rows = int(r) if isinstance(r, int) else None
-    if not isinstance(sel, dict) or ds_rows is None:
+    sel, ds_rows = manifest.selection, manifest.dataset_rows
+    if sel is None or ds_rows is None:
         return RunSelection(None, ds_rows, f"{run}: no selection recorded; only failed shard rows are listed")
     from dqa.regen.selection import narrow, parse_shard, selected_rows, selection_digest
 
     failed_only = bool(sel.get("failed_only", True))
-    findings = Path(cfg["findings"]) if failed_only and cfg.get("findings") else None
+    findings = Path(manifest.findings) if failed_only and manifest.findings else None
     if failed_only:
         if findings is None:
             return RunSelection(None, ds_rows, f"{run}: no findings path recorded; only failed shard rows are listed")
@@ -250,7 +237,7 @@ def read_run_selection(d: Path) -> RunSelection:
         everything = selected_rows(ds_rows, findings, failed_only, sel.get("reasons") or None)
         if sel.get("rows_sha256") and selection_digest(everything) != sel["rows_sha256"]:
             return RunSelection(None, ds_rows, f"{findings}: changed since the run (rescanned?); only failed shard rows are listed")
-        rows = narrow(everything, parse_shard(sel.get("shard")), cfg.get("limit"))
+        rows = narrow(everything, parse_shard(sel.get("shard")), manifest.limit)
     except InputError as exc:
         return RunSelection(None, ds_rows, f"selection of the run not reconstructed ({exc}); only failed shard rows are listed")
     return RunSelection(np.asarray(rows, dtype=np.int64), ds_rows, f"{run}: {rows.size} rows selected")
@@ -265,9 +252,8 @@ def run_columns(dirs: Iterable[Path]) -> dict[str, str | None]:
     runs were given different ones."""
     found: dict[str, str | None] | None = None
     for d in dirs:
-        cfg = _read_run_json(Path(d))
-        cols = cfg.get("columns") if cfg else None
-        mine = {k: (cols.get(k) if isinstance(cols, dict) else None) for k in COLUMN_KEYS}
+        manifest = _read_manifest(Path(d))
+        mine = {k: (manifest.column(k) if manifest else None) for k in COLUMN_KEYS}
         if found is not None and mine != found:
             raise InputError(f"--regen {d}: its run was given other column options ({mine}) than the other folders' ({found})")
         found = mine
@@ -420,7 +406,7 @@ def _conversation_verdicts(status: np.ndarray, turn: np.ndarray, turns: np.ndarr
             else:
                 reasons[i] = (f"conversation not finished: turns {int(turn[int(first[i])])}..{t} of {ts} regenerated; "
                               "rerun the same dqa regen command to resume it")
-        elif st == _LENGTH and "length" not in accept:
+        elif st == _LENGTH and ShardStatus.LENGTH.value not in accept:
             code[i] = _FAILED
             reasons[i] = f"{where}cut by the length limit (status length); --accept ok,length would use it"
         else:
@@ -1080,9 +1066,9 @@ def merge(
 
 def _run_tokenizer(regen: list[Path]) -> str | None:
     for d in regen:
-        cfg = _read_run_json(Path(d)) or {}
-        if cfg.get("tokenizer"):
-            return str(cfg["tokenizer"])
+        manifest = _read_manifest(Path(d))
+        if manifest is not None and manifest.tokenizer:
+            return manifest.tokenizer
     return None
 
 
@@ -1099,7 +1085,7 @@ def _turn_outputs(index: RegenIndex, rows: np.ndarray) -> dict[int, dict[int, np
         names = set(pq.read_schema(p).names)
         cols = ["row", "status", "input_ids", "prompt_len"] + (["turn"] if "turn" in names else [])
         t = pq.read_table(p, columns=cols)
-        t = t.filter(pc.and_(pc.is_in(t.column("row"), value_set=want), pc.not_equal(t.column("status"), "failed")))
+        t = t.filter(pc.and_(pc.is_in(t.column("row"), value_set=want), pc.not_equal(t.column("status"), ShardStatus.FAILED.value)))
         for rec in t.to_pylist():
             ids = np.asarray(rec["input_ids"], dtype=np.int64)
             out.setdefault(int(rec["row"]), {})[int(rec.get("turn", -1) if "turn" in names else -1)] = ids[int(rec["prompt_len"]):]
@@ -1278,9 +1264,9 @@ def run_convention(regen: list[Path], ds: Any) -> tuple[Any, Convention | None]:
 
     tokenizer = findings = None
     for d in regen:
-        cfg = _read_run_json(Path(d)) or {}
-        if cfg.get("tokenizer"):
-            tokenizer, findings = cfg["tokenizer"], cfg.get("findings")
+        manifest = _read_manifest(Path(d))
+        if manifest is not None and manifest.tokenizer:
+            tokenizer, findings = manifest.tokenizer, manifest.findings
             break
     if tokenizer is None:
         return None, None

@@ -549,7 +549,7 @@ def calibrate(
     """
     import tempfile
 
-    from dqa.regen.run import RegenConfig, regenerate
+    from dqa.regen.run import DatasetSpec, DispatchSpec, OutputSpec, RegenConfig, SamplingSpec, Selection, Timeouts, regenerate
 
     if sample < 1:
         raise UsageError(f"--sample {sample}: must be >= 1")
@@ -569,19 +569,14 @@ def calibrate(
     try:
         result = regenerate(
             RegenConfig(
-                dataset=str(dataset),
-                out=str(run_dir),
-                endpoints=list(endpoints),
-                fleet=None if fleet is None else str(fleet),
-                findings=None if findings is None else str(findings),
-                limit=sample,
-                protocol=protocol,
-                max_new_tokens=max_new_tokens,
-                max_in_flight=max_in_flight,
-                tokenizer=tokenizer,
+                data=DatasetSpec(str(dataset), tokenizer=tokenizer),
+                selection=Selection(findings=None if findings is None else str(findings), limit=sample),
+                sampling=SamplingSpec(max_new_tokens=max_new_tokens),
+                dispatch=DispatchSpec(endpoints=tuple(endpoints), fleet=None if fleet is None else str(fleet), protocol=protocol,
+                                      max_in_flight=max_in_flight, timeouts=Timeouts(down_deadline=down_deadline)),
+                output=OutputSpec(str(run_dir)),
                 live=False,
                 log=lambda msg: None,
-                down_deadline=down_deadline,
             )
         )
         if result.exit_code != 0:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from dqa.formatting import human_duration
+from dqa.regen.run_folder import ShardStatus
 
 WINDOW_S = 60.0
 GAP_S = 60.0  # no request in flight for this long: the run was not working (between sessions, fleet down)
@@ -117,9 +118,9 @@ class Progress:
         self.session_done += 1
         self.output_tokens += output_tokens
         self.session_output_tokens += output_tokens
-        if status == "ok":
+        if status == ShardStatus.OK:
             self.ok += 1
-        elif status == "length":
+        elif status == ShardStatus.LENGTH:
             self.truncated += 1
         else:
             self.failed += 1

@@ -1,21 +1,23 @@
 """``regenerate(config)``: the whole ``dqa regen`` run, callable in-process (CLI, ``dqa plan --calibrate``, benchmarks).
 
-Order of work: check options, the fleet file and the output folder (a folder
-that dqa regen did not make, or one that cannot be written, is refused at
-once), open the dataset, select rows, open the template, lock and check the
-output folder (refuse one made for another dataset, selection or sampling),
-and only then load the chat-template tokenizer (``--protocol openai``: slow)
-and contact the servers; recover the folder after any crash; when rows are
-left, probe every endpoint (``server_probe.preflight``: reachable, the right
-protocol, context length, speculative reserve, whether seeds take effect);
-dispatch the rows not yet recorded, journaling each finished row, and finally
-compact the journal into shards and write ``progress.json``.
+Order of work (each a named step of ``_regenerate``): check options (``RegenConfig``'s groups check
+their own fields), the fleet file and the output folder (a folder that dqa regen did not make, or
+one that cannot be written, is refused at once: ``_resolve_servers``); open the dataset and select
+rows (``_open_and_select``), refuse a folder made for another dataset or selection, open the
+template (``_load_template``); lock and check the output folder (refuse one made for another
+sampling: ``_stage_output``), and only then load the chat-template tokenizer (``--protocol
+openai``: slow) and recover the folder after any crash (``_recover``); when rows are left, probe
+every endpoint (``_probe_servers``: reachable, the right protocol, context length, speculative
+reserve, whether seeds take effect); record the run (``_manifest``, run.json); dispatch the rows not
+yet recorded, journaling each finished row, and finally compact the journal into shards
+(``_dispatch``) and write ``progress.json`` and the final run.json (``_finish``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -33,78 +35,15 @@ import numpy as np
 from dqa import atomic
 from dqa.errors import EXIT_OK, EXIT_RUNTIME, InputError, UsageError
 from dqa.regen.client import OpenAIProtocol, Sampling, SglangProtocol
+from dqa.regen.config import (DatasetSpec, DispatchSpec, OutputSpec, RegenConfig, Retries, SamplingSpec, Selection,  # noqa: F401 - re-exported
+                              Timeouts)
 from dqa.regen.dispatch import DispatchSettings, Dispatcher
-from dqa.regen.journal import Journal, list_shards, partial_outputs, recover
-from dqa.regen.prompts import TURN_MODES
+from dqa.regen.journal import Journal, Recovery, partial_outputs, recover
 from dqa.regen.progress import Progress, render
-from dqa.regen.selection import (check_findings_for, findings_for, iter_turn_jobs, narrow, parse_shard, read_first_turns,
-                                 selected_rows, selection_digest)
+from dqa.regen.run_folder import OWN_NAMES, RUN_JSON, RUN_VERSION, RunFolder, RunManifest, list_shards  # noqa: F401 - re-exported
+from dqa.regen.selection import check_findings_for, findings_for, iter_turn_jobs, narrow, read_first_turns, selected_rows, selection_digest
 from dqa.regen.upload import Target, Uploader, is_url, local_path, pull_shards, stage_dir
 from dqa.regen.urls import strip_userinfo
-
-RUN_VERSION = 1
-
-
-@dataclass
-class RegenConfig:
-    """Every option of ``dqa regen``; defaults are the CLI's defaults.
-
-    ``endpoints`` or ``fleet`` (a fleet file from ``dqa fleet up``) names the
-    servers. ``out`` is a folder or an fsspec URL. Sampling defaults follow
-    Qwen3's recommendation for thinking mode (temperature 0.6, top_p 0.95,
-    top_k 20); ``max_new_tokens`` 8192 covers the long tail of thinking traces
-    (the seed run averaged ~2.3K output tokens) and must fit the servers'
-    context length together with the prompt.
-    """
-
-    dataset: str
-    out: str
-    endpoints: list[str] = field(default_factory=list)
-    # column overrides, as for ``dqa scan`` (None: detected)
-    ids_column: str | None = None
-    mask_column: str | None = None
-    labels_column: str | None = None
-    id_column: str | None = None
-    fleet: str | None = None
-    failed_only: bool = True
-    findings: str | None = None
-    reasons: list[str] | None = None
-    limit: int | None = None
-    protocol: str | None = None  # sglang | openai; default: the fleet file's, else sglang
-    model: str | None = None
-    api_key_env: str | None = None
-    max_in_flight: int = 48
-    temperature: float = 0.6
-    top_p: float = 0.95
-    top_k: int = 20
-    max_new_tokens: int = 8192
-    shard: str | None = None
-    gpu_hour_cost: float = 0.0
-    gpus: int | None = None
-    mirror: list[str] = field(default_factory=list)
-    tokenizer: str | None = "qwen3"
-    retry_failed: bool = False
-    seed_base: int = 0
-    turns: str = "flagged"  # which assistant turns of a conversation: flagged (from the first flagged on), all, last
-    # durability and timing
-    shard_rows: int = 20_000
-    shard_seconds: float = 300.0
-    commit_interval: float = 0.1
-    progress_interval: float = 2.0
-    max_attempts: int = 6
-    request_timeout: float = 3600.0
-    connect_timeout: float = 10.0
-    health_interval: float = 15.0
-    health_timeout: float = 30.0
-    down_deadline: float = 600.0
-    preflight_window: float = 6.0  # seconds of connect tries at start-up before an endpoint counts as unreachable
-    backoff_base: float = 0.5
-    backoff_max: float = 30.0
-    fail_threshold: int = 3
-    # presentation
-    live: bool | None = None  # None: a live display when stderr is a terminal
-    log: Callable[[str], None] | None = None  # one-line events; default: print to stderr
-    install_signal_handlers: bool = True
 
 
 @dataclass
@@ -147,7 +86,7 @@ def _locked(folder: Path):
     import fcntl
 
     folder.mkdir(parents=True, exist_ok=True)
-    fh = open(folder / ".lock", "a+")
+    fh = open(RunFolder(folder).lock_file, "a+")
     try:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -160,16 +99,13 @@ def _locked(folder: Path):
         fh.close()
 
 
-OWN_NAMES = {".lock", "run.json", "progress.json", "shards", "journal"}
-
-
 def _check_out_folder(folder: Path) -> None:
     """Refuse (``InputError``, exit 2) an ``--out`` that is a file, that cannot be created or written,
     or a non-empty folder that dqa regen did not make. Creates nothing (a probe folder is made and
     removed at once), so it runs before any input is opened."""
     if folder.exists() and not folder.is_dir():
         raise InputError(f"{folder}: not a folder; give --out a new or existing folder")
-    if folder.is_dir() and not (folder / "run.json").is_file():
+    if folder.is_dir() and not RunFolder(folder).has_manifest():
         try:
             names = [p.name for p in folder.iterdir()]
         except OSError as exc:
@@ -191,15 +127,15 @@ def _check_out_folder(folder: Path) -> None:
 
 def _check_identity(run_json: Path, identity: dict[str, Any], keys: tuple[str, ...] = ("dataset", "selection", "sampling")) -> None:
     """Refuse (``InputError``, exit 2) to resume into a folder made for another dataset, selection or
-    sampling (the parts of ``identity`` named by ``keys``), or to write into a non-empty folder that
-    dqa regen did not make."""
+    sampling (the parts of ``identity`` named by ``keys``), to write into a non-empty folder that
+    dqa regen did not make, or into one whose run.json is unreadable or malformed."""
     if not run_json.is_file():
         _check_out_folder(run_json.parent)
         return
     try:
-        old = json.loads(run_json.read_text()).get("identity", {})
-    except (OSError, ValueError):
-        raise InputError(f"{run_json}: unreadable; this folder was not made by dqa regen (use another --out)") from None
+        old = RunManifest.read(run_json).identity
+    except InputError as exc:
+        raise InputError(f"{exc} (this folder was not made by this dqa regen: use another --out)") from None
     for key in keys:
         if old.get(key) != identity[key]:
             raise InputError(
@@ -283,12 +219,16 @@ def _prior_servers_info(run_json: Path, urls: list[str]) -> dict[str, Any]:
     """``servers`` and ``seed_applied`` as an earlier session of this folder recorded them (for a
     rerun that sends nothing); nulls when there is none."""
     try:
-        old = json.loads(run_json.read_text())
-    except (OSError, ValueError):
-        old = {}
-    if isinstance(old, dict) and isinstance(old.get("servers"), dict):
-        return {"servers": old["servers"], "seed_applied": old.get("seed_applied")}
+        old = RunManifest.read(run_json)
+    except InputError:
+        old = None
+    if old is not None and old.servers is not None:
+        return {"servers": dict(old.servers), "seed_applied": old.seed_applied}
     return {"servers": {strip_userinfo(u): None for u in urls}, "seed_applied": None}
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _default_log(msg: str) -> None:
@@ -317,6 +257,307 @@ def regenerate(config: RegenConfig) -> RunResult:
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
+# ------------------------------------------------------------------------------------------ the steps
+
+
+@dataclass(frozen=True)
+class _Servers:
+    """The servers a run talks to, resolved from ``--endpoint``/``--fleet``: ``urls`` (deduplicated,
+    no trailing slash), ``protocol`` (sglang | openai), ``model`` ("" when not known), request
+    ``headers`` (the bearer key) and ``gpus`` for the cost figures."""
+
+    urls: list[str]
+    protocol: str
+    model: str
+    headers: dict[str, str]
+    gpus: int
+
+
+@dataclass
+class _Inputs:
+    """The dataset opened and the rows selected: ``ds``, its ``num_rows``, the resolved ``findings``
+    path, the rows selected before and after ``--shard``/``--limit`` (``rows_all``, ``rows``), the
+    chat format read so far (``spec``: conversations are rendered at read time) and the run's
+    ``identity`` (dataset, selection; ``_load_template`` adds sampling)."""
+
+    ds: Any
+    num_rows: int
+    findings: Path
+    rows_all: np.ndarray
+    rows: np.ndarray
+    spec: Any
+    identity: dict[str, Any]
+
+
+@dataclass
+class _Resume:
+    """What the output folder already holds (``rec``), the selected rows still to do (``todo``), and
+    the outputs of conversations an earlier session left half done (``partial``)."""
+
+    rec: Recovery
+    todo: np.ndarray
+    partial: dict[int, dict[int, np.ndarray]]
+
+
+def _resolve_servers(c: RegenConfig) -> _Servers:
+    """The servers of ``--endpoint`` or the ``--fleet`` file, checked. Returns ``_Servers``; raises
+    ``UsageError`` for a URL that is not http(s), an unknown protocol or an unset ``--api-key-env``,
+    ``InputError`` for a bad fleet file."""
+    from dqa.regen.fleet_file import read_fleet
+
+    d = c.dispatch
+    fleet = read_fleet(d.fleet) if d.fleet else None
+    urls = fleet.urls if fleet else list(d.endpoints)
+    for u in urls:
+        if not u.startswith(("http://", "https://")):
+            raise UsageError(f"endpoint {u!r}: expected an http:// or https:// URL")
+    urls = list(dict.fromkeys(u.rstrip("/") for u in urls))
+    protocol_name = d.protocol or (fleet.protocol if fleet else "sglang")
+    if protocol_name not in ("sglang", "openai"):
+        raise UsageError(f"--protocol {protocol_name!r}: expected sglang or openai")
+    model = d.model or (fleet.model if fleet else "")
+    headers: dict[str, str] = {}
+    if d.api_key_env:
+        key = os.environ.get(d.api_key_env)
+        if not key:
+            raise UsageError(f"--api-key-env {d.api_key_env}: that environment variable is not set")
+        headers["Authorization"] = f"Bearer {key}"
+    gpus = d.gpus if d.gpus is not None else (fleet.gpu_count if fleet else len(urls))
+    return _Servers(urls, protocol_name, model, headers, gpus)
+
+
+def _open_and_select(c: RegenConfig) -> _Inputs:
+    """Open the dataset (conversations: rendered with the chat template, as ``dqa scan`` reads
+    them), count its rows and select the rows to regenerate. Returns ``_Inputs`` with the identity's
+    dataset and selection parts; raises ``InputError`` for an unreadable dataset, findings of another
+    dataset (or one changed since its scan) and rows past the dataset's end."""
+    from dqa.audit.readers import open_dataset
+    from dqa.audit.template import load_template
+
+    data, sel = c.data, c.selection
+    ds = open_dataset(data.path, data.ids_column, data.mask_column, data.labels_column, data.id_column)
+    early_spec = None
+    if ds.format == "conversations":  # rendered with the chat template at read time (as dqa scan reads it)
+        early_spec = load_template(data.tokenizer, decode=True)
+        ds.set_chat_format(early_spec)
+    num_rows = _count_rows(ds)
+    # Resolved: run.json records it for `dqa merge`, which may run from another directory.
+    findings = (Path(sel.findings) if sel.findings else findings_for(data.path)).resolve()
+    if sel.failed_only:
+        check_findings_for(findings, ds)  # another dataset's findings, or a dataset changed since its scan
+    reasons = list(sel.reasons) if sel.reasons is not None else None
+    rows_all = selected_rows(num_rows, findings if sel.failed_only else None, sel.failed_only, reasons)
+    shard = sel.shard_pair
+    rows = narrow(rows_all, shard, sel.limit)
+    identity: dict[str, Any] = {
+        "dataset": _dataset_identity(ds, num_rows),
+        "selection": {
+            "failed_only": sel.failed_only,
+            "reasons": sorted(reasons) if reasons else None,
+            "rows_sha256": selection_digest(rows_all),
+            "shard": f"{shard[0]}/{shard[1]}",
+            "turns": sel.turns,
+        },
+    }
+    return _Inputs(ds, num_rows, findings, rows_all, rows, early_spec, identity)
+
+
+def _load_template(c: RegenConfig, inputs: _Inputs, protocol_name: str, sampling: Sampling) -> Any:
+    """The chat format (the one the dataset was read with, else ``--tokenizer``); adds the
+    identity's sampling part (parameters, seed base, assistant header, generation prompt). Returns
+    the template spec; raises ``UsageError`` when ``--protocol openai`` has no tokenizer folder."""
+    from dqa.audit.template import load_template
+
+    spec = inputs.spec or load_template(c.data.tokenizer, decode=protocol_name == "openai")
+    inputs.spec = spec
+    identity = inputs.identity
+    identity["sampling"] = {**sampling.as_dict(), "seed_base": c.sampling.seed_base, "template": list(spec.assistant_header)}
+    if spec.think_prefix and protocol_name != "openai":  # the generation prompt goes past the header (Qwen3.5/3.6: "<think>\n")
+        identity["sampling"]["generation_prompt"] = list(spec.generation_prompt)
+    if protocol_name == "openai" and spec.tokenizer_dir is None:
+        raise UsageError("--protocol openai renders replies with the chat template: give --tokenizer PATH (a folder with tokenizer.json)")
+    return spec
+
+
+def _stage_output(c: RegenConfig, out: Path, remote: bool, targets: list[Target], identity: dict[str, Any],
+                  log: Callable[[str], None]) -> None:
+    """With the folder locked: check it was made for this run (``InputError`` otherwise). An
+    object-store ``--out`` is staged in ``out``: its run.json, progress.json (earlier sessions'
+    working time) and shards are pulled first."""
+    folder = RunFolder(out)
+    if not remote:
+        _check_identity(folder.run_json, identity)
+        return
+    log(f"staging {c.output.out} in {out}")
+    if not folder.has_manifest() and targets[0].exists(RUN_JSON):
+        targets[0].get(RUN_JSON, folder.run_json)
+    _check_identity(folder.run_json, identity)
+    if not folder.progress_json.is_file() and folder.has_manifest() and targets[0].exists("progress.json"):
+        targets[0].get("progress.json", folder.progress_json)  # earlier sessions' working time
+    folder.shards_dir.mkdir(parents=True, exist_ok=True)
+    pulled = pull_shards(targets[0], out)
+    if pulled:
+        log(f"pulled {pulled} shards from {c.output.out}")
+
+
+def _recover(c: RegenConfig, out: Path, rows: np.ndarray, log: Callable[[str], None]) -> _Resume:
+    """Repair the folder after any crash (compact the journal, drop a torn tail and duplicates;
+    ``--retry-failed``: drop failed records) and work out what is left. Returns ``_Resume``."""
+    rec = recover(out, retry_failed=c.selection.retry_failed)
+    if rec.torn_bytes or rec.recovered_records or rec.dropped_duplicates:
+        log(
+            f"resumed {out}: compacted {rec.recovered_records} journaled rows"
+            + (f", discarded a torn tail of {rec.torn_bytes} bytes" if rec.torn_bytes else "")
+            + (f", dropped {rec.dropped_duplicates} duplicate records" if rec.dropped_duplicates else "")
+        )
+    todo = rows[~np.isin(rows, rec.rows)]
+    # Conversations an earlier session left half done continue at their next turn.
+    partial = partial_outputs(out, rec.partial[np.isin(rec.partial, todo)]) if rec.partial.size else {}
+    return _Resume(rec, todo, partial)
+
+
+def _probe_servers(c: RegenConfig, servers: _Servers, protocol: Any, log: Callable[[str], None]) -> dict[str, Any]:
+    """Before the first request: which endpoints answer and what they are. Returns the facts per URL
+    (None: not reachable yet); raises ``InputError`` (exit 2) for an endpoint of the wrong protocol
+    and ``RuntimeFailure`` (exit 3) when none answers at all."""
+    from dqa.regen.server_probe import describe, preflight
+
+    t = c.dispatch.timeouts
+    facts = preflight(servers.urls, servers.protocol, servers.headers, connect_timeout=t.connect,
+                      info_timeout=min(t.health, 10.0), window=t.preflight_window)
+    if isinstance(protocol, OpenAIProtocol):
+        protocol.use_facts(facts)  # token-exact chat route where the probe found it (issue 11, item 2)
+    for u, f in facts.items():
+        if f is None:
+            log(f"{strip_userinfo(u)}: not reachable at start-up; waiting for it with the others")
+        elif f.complete:
+            log(describe(strip_userinfo(u), f))
+    return facts
+
+
+def _manifest(c: RegenConfig, servers: _Servers, inputs: _Inputs, servers_info: dict[str, Any]) -> RunManifest:
+    """The run.json of this session (no URL credentials in it)."""
+    tok = c.data.tokenizer
+    return RunManifest(
+        version=RUN_VERSION,
+        identity=inputs.identity,
+        dataset_path=str(Path(c.data.path).resolve()),
+        findings=str(inputs.findings) if c.selection.failed_only else None,
+        # the column overrides given (null: detected); `dqa merge` uses them when given none
+        columns=c.data.columns,
+        limit=c.selection.limit,
+        protocol=servers.protocol,
+        model=servers.model or None,
+        endpoints=tuple(strip_userinfo(u) for u in servers.urls),
+        max_in_flight=c.dispatch.max_in_flight,
+        gpus=servers.gpus,
+        gpu_hour_cost=c.dispatch.gpu_hour_cost,
+        # resolved when it is a folder, so that `dqa merge` finds the chat format from anywhere
+        tokenizer=str(Path(tok).resolve()) if tok and Path(tok).is_dir() else tok,
+        mirror=tuple(strip_userinfo(m) for m in c.output.mirror),
+        # What each server said about itself, and whether the per-row seeds reproduce outputs.
+        servers=servers_info["servers"],
+        seed_applied=servers_info["seed_applied"],
+        updated_at=_now(),
+    )
+
+
+def _dispatch_settings(c: RegenConfig) -> DispatchSettings:
+    d, t, r = c.dispatch, c.dispatch.timeouts, c.dispatch.retries
+    return DispatchSettings(
+        max_in_flight=d.max_in_flight,
+        max_attempts=r.max_attempts,
+        backoff_base=r.backoff_base,
+        backoff_max=r.backoff_max,
+        fail_threshold=r.fail_threshold,
+        health_interval=t.health_interval,
+        health_timeout=t.health,
+        down_deadline=t.down_deadline,
+        request_timeout=t.request,
+        connect_timeout=t.connect,
+    )
+
+
+def _dispatch(c: RegenConfig, out: Path, shard_tag: str, servers: _Servers, inputs: _Inputs, resume: _Resume, protocol: Any,
+              facts: dict[str, Any], progress: Progress, uploader: Uploader, log: Callable[[str], None]) -> tuple[str, Dispatcher]:
+    """Send the rows not yet recorded, journaling each finished turn, until done, interrupted or the
+    fleet is down; the journal is compacted into shards on return. Returns ``(state, dispatcher)``
+    (state: finished, interrupted or failed); raises ``RuntimeFailure`` when the journal cannot be
+    written, and the ``InputError`` of a request every server rejects."""
+    journal = Journal(out, shard_tag, resume.rec.next_seq, c.output.shard_rows, c.output.shard_seconds, c.output.commit_interval,
+                      on_shard=uploader.submit)
+    sel = c.selection
+    first_flagged = read_first_turns(inputs.findings, resume.todo) if sel.failed_only and sel.turns == "flagged" else None
+    # openai: the server renders the generation prompt from messages; the prompt ends at the header
+    spec = inputs.spec
+    gen = tuple(spec.assistant_header) if servers.protocol == "openai" else None
+    source = iter_turn_jobs(inputs.ds, resume.todo, spec, sel.turns, first_flagged, resume.partial, c.sampling.seed_base,
+                            generation_prompt=gen)
+    journal.start()
+
+    def journal_error() -> str | None:
+        if journal.error is not None:
+            return f"{out}: writing the journal failed ({journal.error}); rerun the same command to resume"
+        return None
+
+    dispatcher = Dispatcher(
+        servers.urls, protocol, source, journal.append, progress, _dispatch_settings(c),
+        headers=servers.headers, model=servers.model, log=log, check=journal_error, facts=facts,
+    )
+    live = c.live if c.live is not None else (sys.stderr.isatty() and os.environ.get("TERM") != "dumb")
+    try:
+        state = asyncio.run(_drive(dispatcher, progress, out, c, live))
+    finally:
+        journal_exc = None
+        try:
+            journal.close()
+        except BaseException as exc:  # disk full etc.
+            journal_exc = exc
+    if journal_exc is not None:
+        from dqa.errors import RuntimeFailure
+
+        raise RuntimeFailure(f"{out}: writing results failed ({journal_exc}); rerun the same command to resume")
+    if isinstance(dispatcher.fatal_exc, InputError):
+        raise dispatcher.fatal_exc
+    return state, dispatcher
+
+
+def _finish(out: Path, state: str, progress: Progress, manifest: RunManifest, servers: _Servers, dispatcher: Dispatcher,
+            sent: bool, uploader: Uploader, log: Callable[[str], None]) -> tuple[dict[str, Any], list[Path]]:
+    """Write the final progress.json and, when rows were sent, run.json with what the servers said
+    once they were up; copy both and every shard to the targets. Returns ``(progress snapshot,
+    shards)``; copy errors are logged, not raised."""
+    folder = RunFolder(out)
+    progress.state = {"finished": "finished", "interrupted": "interrupted", "failed": "failed"}[state]
+    snap = progress.snapshot()
+    atomic.write_json(folder.progress_json, snap)
+    uploader.put_now(folder.progress_json, "progress.json")
+    if sent:  # what the servers said once they were up (some were not at start-up)
+        info = _servers_info(servers.urls, {ep.url: ep.facts for ep in dispatcher.endpoints})
+        manifest = dataclasses.replace(manifest, servers=info["servers"], seed_applied=info["seed_applied"], updated_at=_now())
+        manifest.write(folder.run_json)
+        uploader.put_now(folder.run_json, RUN_JSON)
+    shards = folder.shards()
+    uploader.sync(shards)
+    if uploader.errors:
+        log(f"could not copy {len(uploader.errors)} files: {uploader.errors[0]}")
+    return snap, shards
+
+
+def _result(c: RegenConfig, state: str, progress: Progress, snap: dict[str, Any], dispatcher: Dispatcher, shards: list[Path]) -> RunResult:
+    """How the run ended: exit 0 when finished, 3 when every request of this session failed (the
+    fleet or the options are wrong, not the rows), interrupted, or stopped."""
+    out, files = strip_userinfo(c.output.out), [str(p) for p in shards]
+    if state == "finished" and dispatcher.request_failures and not dispatcher.answered:
+        msg = (f"every request of this run failed ({dispatcher.request_failures} rows recorded as failed; last: "
+               f"{dispatcher.last_failure[:300]}); fix the cause and rerun with --retry-failed")
+        return RunResult(EXIT_RUNTIME, "finished", snap, out, strip_userinfo(msg), files)
+    if state == "finished":
+        return RunResult(EXIT_OK, "finished", snap, out, "", files)
+    msg = dispatcher.fatal or f"interrupted with {snap['total'] - snap['done']} rows left; rerun the same command to resume"
+    return RunResult(EXIT_RUNTIME, progress.state, snap, out, strip_userinfo(msg), files)
+
+
 def _regenerate(config: RegenConfig) -> RunResult:
     """Run (or resume) a regeneration and return how it ended.
 
@@ -330,226 +571,52 @@ def _regenerate(config: RegenConfig) -> RunResult:
     """
     c = config
     log = _redacting(c.log or _default_log)
-    from dqa.audit.readers import open_dataset
-    from dqa.audit.template import load_template
-
-    # --- options and fleet -------------------------------------------------------------
-    if bool(c.endpoints) == bool(c.fleet):
-        raise UsageError("give --endpoint URL (repeatable) or --fleet FILE, not both and not neither")
-    from dqa.regen.fleet_file import read_fleet
-
-    fleet = read_fleet(c.fleet) if c.fleet else None
-    urls = fleet.urls if fleet else list(c.endpoints)
-    for u in urls:
-        if not u.startswith(("http://", "https://")):
-            raise UsageError(f"endpoint {u!r}: expected an http:// or https:// URL")
-    urls = list(dict.fromkeys(u.rstrip("/") for u in urls))
-    protocol_name = c.protocol or (fleet.protocol if fleet else "sglang")
-    if protocol_name not in ("sglang", "openai"):
-        raise UsageError(f"--protocol {protocol_name!r}: expected sglang or openai")
-    model = c.model or (fleet.model if fleet else "")
-    if c.max_in_flight < 1:
-        raise UsageError("--max-in-flight must be >= 1")
-    if c.max_new_tokens < 1:
-        raise UsageError("--max-new-tokens must be >= 1")
-    headers: dict[str, str] = {}
-    if c.api_key_env:
-        key = os.environ.get(c.api_key_env)
-        if not key:
-            raise UsageError(f"--api-key-env {c.api_key_env}: that environment variable is not set")
-        headers["Authorization"] = f"Bearer {key}"
-    gpus = c.gpus if c.gpus is not None else (fleet.gpu_count if fleet else len(urls))
-    shard = parse_shard(c.shard)
-    if c.turns not in TURN_MODES:
-        raise UsageError(f"--turns {c.turns!r}: expected one of {', '.join(TURN_MODES)}")
-    remote = is_url(c.out)
+    servers = _resolve_servers(c)
+    remote = is_url(c.output.out)
     if not remote:  # a bad --out is refused before any input is read or any tokenizer loaded
-        _check_out_folder(local_path(c.out))
-
-    # --- dataset, selection, template ----------------------------------------------------
-    ds = open_dataset(c.dataset, c.ids_column, c.mask_column, c.labels_column, c.id_column)
-    early_spec = None
-    if ds.format == "conversations":  # rendered with the chat template at read time (as dqa scan reads it)
-        early_spec = load_template(c.tokenizer, decode=True)
-        ds.set_chat_format(early_spec)
-    num_rows = _count_rows(ds)
-    # Resolved: run.json records it for `dqa merge`, which may run from another directory.
-    findings = (Path(c.findings) if c.findings else findings_for(c.dataset)).resolve()
-    if c.failed_only:
-        check_findings_for(findings, ds)  # another dataset's findings, or a dataset changed since its scan
-    rows_all = selected_rows(num_rows, findings if c.failed_only else None, c.failed_only, c.reasons)
-    rows = narrow(rows_all, shard, c.limit)
-    sampling = Sampling(c.temperature, c.top_p, c.top_k, c.max_new_tokens)
-    identity: dict[str, Any] = {
-        "dataset": _dataset_identity(ds, num_rows),
-        "selection": {
-            "failed_only": c.failed_only,
-            "reasons": sorted(c.reasons) if c.reasons else None,
-            "rows_sha256": selection_digest(rows_all),
-            "shard": f"{shard[0]}/{shard[1]}",
-            "turns": c.turns,
-        },
-    }
+        _check_out_folder(local_path(c.output.out))
+    inputs = _open_and_select(c)
     if not remote:  # a folder made for another dataset or selection: refused before the template is read
-        _check_identity(local_path(c.out) / "run.json", identity, ("dataset", "selection"))
-    spec = early_spec or load_template(c.tokenizer, decode=protocol_name == "openai")
-    identity["sampling"] = {**sampling.as_dict(), "seed_base": c.seed_base, "template": list(spec.assistant_header)}
-    if spec.think_prefix and protocol_name != "openai":  # the generation prompt goes past the header (Qwen3.5/3.6: "<think>\n")
-        identity["sampling"]["generation_prompt"] = list(spec.generation_prompt)
-    if protocol_name == "openai" and spec.tokenizer_dir is None:
-        raise UsageError("--protocol openai renders replies with the chat template: give --tokenizer PATH (a folder with tokenizer.json)")
+        _check_identity(RunFolder(local_path(c.output.out)).run_json, inputs.identity, ("dataset", "selection"))
+    sampling = c.sampling.sampling()
+    spec = _load_template(c, inputs, servers.protocol, sampling)
 
-    # --- output folder -------------------------------------------------------------------
-    out = stage_dir(c.out) if remote else local_path(c.out)
-    targets = ([Target(c.out)] if remote else []) + [Target(m) for m in c.mirror]
+    out = stage_dir(c.output.out) if remote else local_path(c.output.out)
+    targets = ([Target(c.output.out)] if remote else []) + [Target(m) for m in c.output.mirror]
+    shard = c.selection.shard_pair
     shard_tag = f"s{shard[0]}of{shard[1]}"
     if not remote:
-        _check_identity(out / "run.json", identity)  # before the lock file, so a refused folder stays untouched
+        _check_identity(RunFolder(out).run_json, inputs.identity)  # before the lock file, so a refused folder stays untouched
     with _locked(out):
-        if remote:
-            log(f"staging {c.out} in {out}")
-            if not (out / "run.json").is_file() and targets[0].exists("run.json"):
-                targets[0].get("run.json", out / "run.json")
-            _check_identity(out / "run.json", identity)
-            if not (out / "progress.json").is_file() and (out / "run.json").is_file() and targets[0].exists("progress.json"):
-                targets[0].get("progress.json", out / "progress.json")  # earlier sessions' working time
-            (out / "shards").mkdir(parents=True, exist_ok=True)
-            pulled = pull_shards(targets[0], out)
-            if pulled:
-                log(f"pulled {pulled} shards from {c.out}")
-        else:
-            _check_identity(out / "run.json", identity)
+        _stage_output(c, out, remote, targets, inputs.identity, log)
         # Every input and the folder are checked: now the (slow) chat-template tokenizer.
-        protocol = _make_protocol(protocol_name, spec, sampling, model)
-        rec = recover(out, retry_failed=c.retry_failed)
-        if rec.torn_bytes or rec.recovered_records or rec.dropped_duplicates:
-            log(
-                f"resumed {out}: compacted {rec.recovered_records} journaled rows"
-                + (f", discarded a torn tail of {rec.torn_bytes} bytes" if rec.torn_bytes else "")
-                + (f", dropped {rec.dropped_duplicates} duplicate records" if rec.dropped_duplicates else "")
-            )
-        done_mask = np.isin(rows, rec.rows)
-        todo = rows[~done_mask]
-        # Conversations an earlier session left half done continue at their next turn.
-        partial = partial_outputs(out, rec.partial[np.isin(rec.partial, todo)]) if rec.partial.size else {}
+        protocol = _make_protocol(servers.protocol, spec, sampling, servers.model)
+        resume = _recover(c, out, inputs.rows, log)
         facts: dict[str, Any] = {}
-        servers_info = _prior_servers_info(out / "run.json", urls)  # a rerun with nothing to do keeps them
-        if todo.size:
-            # Before the first request: which endpoints answer, what they are (exit 2 for the wrong
-            # protocol, 3 when none answers at all).
-            from dqa.regen.server_probe import describe, preflight
-
-            facts = preflight(urls, protocol_name, headers, connect_timeout=c.connect_timeout,
-                              info_timeout=min(c.health_timeout, 10.0), window=c.preflight_window)
-            if isinstance(protocol, OpenAIProtocol):
-                protocol.use_facts(facts)  # token-exact chat route where the probe found it (issue 11, item 2)
-            for u, f in facts.items():
-                if f is None:
-                    log(f"{strip_userinfo(u)}: not reachable at start-up; waiting for it with the others")
-                elif f.complete:
-                    log(describe(strip_userinfo(u), f))
-            servers_info = _servers_info(urls, facts)
+        servers_info = _prior_servers_info(RunFolder(out).run_json, servers.urls)  # a rerun with nothing to do keeps them
+        if resume.todo.size:
+            facts = _probe_servers(c, servers, protocol, log)
+            servers_info = _servers_info(servers.urls, facts)
         uploader = Uploader(targets)
-        for p in rec.rewritten:
+        for p in resume.rec.rewritten:
             uploader.submit(p)
-        run_info = {
-            "version": RUN_VERSION,
-            "identity": identity,
-            "dataset_path": str(Path(c.dataset).resolve()),
-            "findings": str(findings) if c.failed_only else None,
-            # the column overrides given (null: detected); `dqa merge` uses them when given none
-            "columns": {"ids": c.ids_column, "mask": c.mask_column, "labels": c.labels_column, "id": c.id_column},
-            "limit": c.limit,
-            "protocol": protocol_name,
-            "model": model or None,
-            "endpoints": [strip_userinfo(u) for u in urls],
-            "max_in_flight": c.max_in_flight,
-            "gpus": gpus,
-            "gpu_hour_cost": c.gpu_hour_cost,
-            # resolved when it is a folder, so that `dqa merge` finds the chat format from anywhere
-            "tokenizer": str(Path(c.tokenizer).resolve()) if c.tokenizer and Path(c.tokenizer).is_dir() else c.tokenizer,
-            "mirror": [strip_userinfo(m) for m in c.mirror],
-            # What each server said about itself, and whether the per-row seeds reproduce outputs.
-            **servers_info,
-            "updated_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        }
-        atomic.write_json(out / "run.json", run_info)
-        uploader.put_now(out / "run.json", "run.json")
+        manifest = _manifest(c, servers, inputs, servers_info)
+        manifest.write(RunFolder(out).run_json)
+        uploader.put_now(RunFolder(out).run_json, RUN_JSON)
 
-        progress = Progress(total=int(rows.size), gpus=gpus, gpu_hour_cost=c.gpu_hour_cost)
+        rows, todo, rec = inputs.rows, resume.todo, resume.rec
+        progress = Progress(total=int(rows.size), gpus=servers.gpus, gpu_hour_cost=c.dispatch.gpu_hour_cost)
         progress.counting = bool(todo.size)  # a rerun with nothing left to do adds no working time
         if rec.rows.size:
             progress.add_prior(*rec.tally(rows))  # this selection's rows only (a smaller --limit than before)
-            prior = _read_prior(out / "progress.json")
+            prior = _read_prior(RunFolder(out).progress_json)
             progress.prior_elapsed_s = _prior_working_time(prior, out)
             if not todo.size:
                 _keep_endpoint_counts(progress, prior)
 
-        journal = Journal(out, shard_tag, rec.next_seq, c.shard_rows, c.shard_seconds, c.commit_interval, on_shard=uploader.submit)
-        settings = DispatchSettings(
-            max_in_flight=c.max_in_flight,
-            max_attempts=c.max_attempts,
-            backoff_base=c.backoff_base,
-            backoff_max=c.backoff_max,
-            fail_threshold=c.fail_threshold,
-            health_interval=c.health_interval,
-            health_timeout=c.health_timeout,
-            down_deadline=c.down_deadline,
-            request_timeout=c.request_timeout,
-            connect_timeout=c.connect_timeout,
-        )
-        first_flagged = read_first_turns(findings, todo) if c.failed_only and c.turns == "flagged" else None
-        # openai: the server renders the generation prompt from messages; the prompt ends at the header
-        gen = tuple(spec.assistant_header) if protocol_name == "openai" else None
-        source = iter_turn_jobs(ds, todo, spec, c.turns, first_flagged, partial, c.seed_base, generation_prompt=gen)
-        journal.start()
-
-        def journal_error() -> str | None:
-            if journal.error is not None:
-                return f"{out}: writing the journal failed ({journal.error}); rerun the same command to resume"
-            return None
-
-        dispatcher = Dispatcher(
-            urls, protocol, source, journal.append, progress, settings,
-            headers=headers, model=model, log=log, check=journal_error, facts=facts,
-        )
-        live = c.live if c.live is not None else (sys.stderr.isatty() and os.environ.get("TERM") != "dumb")
-        try:
-            state = asyncio.run(_drive(dispatcher, progress, out, c, live))
-        finally:
-            journal_exc = None
-            try:
-                journal.close()
-            except BaseException as exc:  # disk full etc.
-                journal_exc = exc
-        if journal_exc is not None:
-            from dqa.errors import RuntimeFailure
-
-            raise RuntimeFailure(f"{out}: writing results failed ({journal_exc}); rerun the same command to resume")
-        if isinstance(dispatcher.fatal_exc, InputError):
-            raise dispatcher.fatal_exc
-        progress.state = {"finished": "finished", "interrupted": "interrupted", "failed": "failed"}[state]
-        snap = progress.snapshot()
-        atomic.write_json(out / "progress.json", snap)
-        uploader.put_now(out / "progress.json", "progress.json")
-        if todo.size:  # what the servers said once they were up (some were not at start-up)
-            run_info.update(_servers_info(urls, {ep.url: ep.facts for ep in dispatcher.endpoints}))
-            run_info["updated_at"] = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-            atomic.write_json(out / "run.json", run_info)
-            uploader.put_now(out / "run.json", "run.json")
-        shards = list_shards(out)
-        uploader.sync(shards)
-        if uploader.errors:
-            log(f"could not copy {len(uploader.errors)} files: {uploader.errors[0]}")
-    if state == "finished" and dispatcher.request_failures and not dispatcher.answered:
-        # Every request of this session failed: the fleet or the options are wrong, not the rows.
-        msg = (f"every request of this run failed ({dispatcher.request_failures} rows recorded as failed; last: "
-               f"{dispatcher.last_failure[:300]}); fix the cause and rerun with --retry-failed")
-        return RunResult(EXIT_RUNTIME, "finished", snap, strip_userinfo(c.out), strip_userinfo(msg), [str(p) for p in shards])
-    if state == "finished":
-        return RunResult(EXIT_OK, "finished", snap, strip_userinfo(c.out), "", [str(p) for p in shards])
-    msg = dispatcher.fatal or f"interrupted with {snap['total'] - snap['done']} rows left; rerun the same command to resume"
-    return RunResult(EXIT_RUNTIME, progress.state, snap, strip_userinfo(c.out), strip_userinfo(msg), [str(p) for p in shards])
+        state, dispatcher = _dispatch(c, out, shard_tag, servers, inputs, resume, protocol, facts, progress, uploader, log)
+        snap, shards = _finish(out, state, progress, manifest, servers, dispatcher, bool(todo.size), uploader, log)
+    return _result(c, state, progress, snap, dispatcher, shards)
 
 
 async def _drive(dispatcher: Dispatcher, progress: Progress, out: Path, c: RegenConfig, live: bool) -> str:
@@ -568,16 +635,17 @@ async def _drive(dispatcher: Dispatcher, progress: Progress, out: Path, c: Regen
 
         display = Live(render(progress.snapshot()), console=Console(stderr=True), refresh_per_second=4, transient=False)
         display.start()
+    interval = c.output.progress_interval
 
     async def report() -> None:
         last_write = 0.0
         while True:
-            await asyncio.sleep(0.5 if display else c.progress_interval)
+            await asyncio.sleep(0.5 if display else interval)
             snap = progress.snapshot()
             if display:
                 display.update(render(snap))
             now = time.monotonic()
-            if now - last_write >= c.progress_interval:
+            if now - last_write >= interval:
                 last_write = now
                 await asyncio.to_thread(atomic.write_json, out / "progress.json", snap)
 

@@ -7,13 +7,14 @@
   tried again a few times over a few seconds; when no endpoint ever answers, the run stops at
   once (``RuntimeFailure``, exit 3) instead of waiting ``--down-deadline`` for a typo.
 - Which server: ``GET /server_info`` (older ``/get_server_info``) answering a JSON object is
-  SGLang; ``GET /v1/models`` answering ``{"data": [...]}`` is OpenAI-compatible. ``--protocol
-  sglang`` against a server without ``/generate`` (``GET /generate`` is 404: the route does not
-  exist; SGLang answers 405, POST only) is a ``UsageError`` (exit 2) saying to use ``--protocol
-  openai``; the other way round likewise.
-- Token-exact OpenAI route (``--protocol openai``): an SGLang endpoint gets one probe request,
-  ``POST /v1/chat/completions`` with ``input_ids``, ``"return_token_ids": true`` and
-  ``max_tokens`` 1 (SGLang 0.5.23 answers ``choices[0].response_token_ids`` and
+  SGLang; ``GET /v1/models`` answering ``{"data": [...]}`` is OpenAI-compatible. Then the
+  protocol's own checks (``ServerKind.preflight`` in ``servers.sglang`` / ``servers.openai``):
+  ``--protocol sglang`` against a server without ``/generate`` (``GET /generate`` is 404: the
+  route does not exist; SGLang answers 405, POST only) is a ``UsageError`` (exit 2) saying to use
+  ``--protocol openai``; the other way round likewise.
+- Token-exact OpenAI route (``--protocol openai``): an SGLang endpoint gets one probe request
+  (``servers.openai.probe_token_ids``), ``POST /v1/chat/completions`` with ``input_ids``,
+  ``"return_token_ids": true`` and ``max_tokens`` 1 (SGLang 0.5.23 answers ``choices[0].response_token_ids`` and
   ``prompt_token_ids`` equal to the ids sent; older releases ignore the fields). Other servers
   take the text round trip without a probe. ``ServerFacts.token_ids`` holds the answer (None:
   not known, e.g. still starting; the first real reply decides) and run.json records it per
@@ -39,6 +40,8 @@ from typing import Any, Callable
 from dqa.errors import RuntimeFailure, UsageError
 
 from . import server_sglang as sg
+from .servers import KINDS
+from .servers.openai import PROBE_IDS, probe_token_ids, token_ids_answer  # noqa: F401  (the token-exact probe)
 from .urls import strip_userinfo
 
 SGLANG = "sglang"
@@ -46,8 +49,6 @@ OPENAI = "openai"
 UNKNOWN = "unknown"
 # Start-up reachability: tries over this many seconds before an endpoint counts as never reachable.
 PREFLIGHT_WINDOW_S = 6.0
-# The token-exact probe's prompt: ids every vocabulary has; one output token.
-PROBE_IDS = [0, 1, 2]
 
 
 @dataclass
@@ -166,7 +167,9 @@ async def discover(session, url: str, timeout) -> ServerFacts:
     return facts_from(info, models)
 
 
-async def _status(session, url: str, timeout) -> int | None:
+async def route_status(session, url: str, timeout) -> int | None:
+    """The HTTP status of ``GET url`` (redirects not followed); None when nothing answered. A
+    route that does not exist answers 404; a POST-only one 405."""
     import aiohttp
 
     try:
@@ -214,78 +217,16 @@ async def _reachable(session, url: str, window: float, try_timeout: float, read_
         delay = min(delay * 2, 1.0)
 
 
-def _wrong_protocol(name: str, protocol: str, facts: ServerFacts, generate: int | None, chat: int | None) -> str | None:
-    """The usage error for an endpoint that does not speak ``protocol``, else None."""
-    if protocol == SGLANG and facts.kind != SGLANG and generate == 404:
-        what = "an OpenAI-compatible server" if facts.kind == OPENAI else "not an SGLang server"
-        return f"{name}: this server has no /generate ({what}): use --protocol openai"
-    if protocol == OPENAI and chat == 404:
-        what = "an SGLang server without the OpenAI routes" if facts.kind == SGLANG else "not an OpenAI-compatible server"
-        return f"{name}: this server has no /v1/chat/completions ({what}): use --protocol sglang"
-    return None
-
-
-def token_ids_answer(status: int | None, obj: Any, sent: list[int]) -> bool | None:
-    """What a token-exact probe reply says: True when ``choices[0]`` carries a
-    ``response_token_ids`` list and ``prompt_token_ids`` equal to ``sent`` (the server used the
-    ids), False when a 200 lacks them (the fields were ignored) or a 400/422 refuses them, None
-    for anything else (not known: starting, overloaded, unreachable)."""
-    if status in (400, 422):
-        text = json.dumps(obj) if obj is not None else ""
-        return False if any(f in text for f in ("input_ids", "return_token_ids")) else None
-    if status != 200 or not isinstance(obj, dict):
-        return None
-    choices = obj.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return None
-    choice = choices[0]
-    return isinstance(choice.get("response_token_ids"), list) and choice.get("prompt_token_ids") == sent
-
-
-async def probe_token_ids(session, url: str, timeout, model: str | None = None) -> bool | None:
-    """Ask an endpoint (base URL) once whether its ``/v1/chat/completions`` is token-exact: a
-    one-token request with ``input_ids`` ``PROBE_IDS`` and ``"return_token_ids": true`` (see
-    ``token_ids_answer``). Never raises for server behaviour."""
-    import aiohttp
-
-    body: dict[str, Any] = {
-        "messages": [{"role": "user", "content": "hi"}], "input_ids": PROBE_IDS, "return_token_ids": True,
-        "max_tokens": 1, "temperature": 0.0, "stream": False,
-    }  # fmt: skip
-    if model:
-        body["model"] = model
-    try:
-        async with session.post(url + "/v1/chat/completions", json=body, timeout=timeout) as r:
-            raw = await r.read()
-            status = r.status
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
-        return None
-    try:
-        obj = json.loads(raw)
-    except ValueError:
-        obj = None
-    if obj is None and status in (400, 422):
-        obj = raw.decode("utf-8", "replace")
-    return token_ids_answer(status, obj, PROBE_IDS)
-
-
 async def _one(session, url: str, protocol: str, window: float, try_timeout: float, info_timeout) -> tuple[bool, str, ServerFacts, str | None]:
     name = strip_userinfo(url)
     ok, err = await _reachable(session, url, window, try_timeout, info_timeout.total or 10.0)
     if not ok:
         return False, err, ServerFacts(), None
     facts = await discover(session, url, info_timeout)
-    generate = chat = None
-    if protocol == SGLANG and facts.kind != SGLANG:
-        generate = await _status(session, url + "/generate", info_timeout)
-    if protocol == OPENAI:
-        chat = await _status(session, url + "/v1/chat/completions", info_timeout)
-        if chat != 404:
-            if facts.kind == SGLANG:
-                facts.token_ids = await probe_token_ids(session, url, info_timeout)
-            elif facts.kind == OPENAI:
-                facts.token_ids = False  # not SGLang: the text round trip, no probe
-    return True, "", facts, _wrong_protocol(name, protocol, facts, generate, chat)
+    kind = KINDS.get(protocol)
+    # The protocol's own checks: its route exists (else the usage error), what route it takes.
+    wrong = await kind.preflight(session, url, name, facts, info_timeout) if kind is not None else None
+    return True, "", facts, wrong
 
 
 async def preflight_async(

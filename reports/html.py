@@ -115,12 +115,14 @@ def load_inputs(
         rd = Path(regen_dir)
         if not rd.is_dir():
             raise InputError(f"{rd}: no such regen folder")
+        from dqa.regen.run_folder import ShardStatus
+
         inputs.regen_dir = rd
         inputs.shards = read_shards(rd)
         if (rd / "progress.json").is_file():
             inputs.progress = _read_json(rd / "progress.json")
         if inputs.after_tokens is None and inputs.shards.height:
-            ok = inputs.shards.filter(pl.col("status") == "ok")
+            ok = inputs.shards.filter(pl.col("status") == ShardStatus.OK.value)
             inputs.after_tokens = ok["output_tokens"].cast(pl.Int64).to_numpy()
             inputs.after_label = "regenerated rows (output tokens)"
     vdir = Path(validation_dir) if validation_dir is not None else find_validation(scan)

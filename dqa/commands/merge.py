@@ -77,12 +77,13 @@ def merge(
 def _run(dataset, regen, out, failed, force, check_prompts, batch_rows, ids_column, mask_column, labels_column,
          id_column, as_json, quiet, accept="ok") -> int:
     from dqa.errors import UsageError
+    from dqa.regen.merge import ACCEPT_CHOICES
     from dqa.regen.merge import merge as run_merge
 
     if failed not in ("keep", "drop"):
         raise UsageError(f"--failed {failed}: expected keep or drop")
     accepted = [a.strip() for a in accept.split(",") if a.strip()]
-    if not accepted or "ok" not in accepted or any(a not in ("ok", "length") for a in accepted):
+    if not accepted or "ok" not in accepted or any(a not in ACCEPT_CHOICES for a in accepted):
         raise UsageError(f"--accept {accept}: expected ok or ok,length")
     if batch_rows < 1:
         raise UsageError(f"--batch-rows {batch_rows}: expected a positive number")

@@ -62,46 +62,28 @@ def regen(
 ) -> None:
     import json
 
-    from dqa.errors import DqaError, UsageError
-    from dqa.regen.run import RegenConfig, regenerate
+    from dqa.errors import DqaError
+    from dqa.regen.run import (DatasetSpec, DispatchSpec, OutputSpec, RegenConfig, Retries, SamplingSpec, Selection, Timeouts,
+                               regenerate)
     from dqa.regen.urls import strip_userinfo
 
-    if shard_rows < 1:
-        raise UsageError("--shard-rows must be >= 1")
-    if max_attempts < 1:
-        raise UsageError("--max-attempts must be >= 1")
+    # Each group checks its own options (UsageError, exit 2) before anything is read.
+    output = OutputSpec(out, mirror=tuple(mirror), shard_rows=shard_rows)
+    dispatch = DispatchSpec(
+        endpoints=tuple(endpoint), fleet=fleet, protocol=protocol, model=model, api_key_env=api_key_env,
+        max_in_flight=max_in_flight, gpus=gpus, gpu_hour_cost=gpu_hour_cost,
+        timeouts=Timeouts(request=request_timeout, down_deadline=down_deadline), retries=Retries(max_attempts=max_attempts),
+    )
     cfg = RegenConfig(
-        dataset=dataset,
-        out=out,
-        ids_column=ids_column,
-        mask_column=mask_column,
-        labels_column=labels_column,
-        id_column=id_column,
-        endpoints=list(endpoint),
-        fleet=fleet,
-        failed_only=failed_only,
-        findings=findings,
-        reasons=[r.strip() for r in reasons.split(",") if r.strip()] if reasons else None,
-        limit=limit,
-        turns=turns,
-        protocol=protocol,
-        model=model,
-        api_key_env=api_key_env,
-        max_in_flight=max_in_flight,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        max_new_tokens=max_new_tokens,
-        shard=shard,
-        gpu_hour_cost=gpu_hour_cost,
-        gpus=gpus,
-        mirror=list(mirror),
-        tokenizer=tokenizer,
-        retry_failed=retry_failed,
-        max_attempts=max_attempts,
-        request_timeout=request_timeout,
-        down_deadline=down_deadline,
-        shard_rows=shard_rows,
+        data=DatasetSpec(dataset, ids_column=ids_column, mask_column=mask_column, labels_column=labels_column, id_column=id_column,
+                         tokenizer=tokenizer),
+        sampling=SamplingSpec(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens),
+        selection=Selection(
+            failed_only=failed_only, findings=findings, limit=limit, shard=shard, turns=turns, retry_failed=retry_failed,
+            reasons=tuple(r.strip() for r in reasons.split(",") if r.strip()) if reasons else None,
+        ),
+        dispatch=dispatch,
+        output=output,
         live=False if quiet else None,
         log=(lambda msg: None) if quiet else None,
     )

@@ -133,12 +133,14 @@ def check_regen_of(regen: Path, scan_dir: Path, scan_summary: dict | None) -> No
     """Refuse a regen folder whose run.json records another dataset than the scan in SCAN_DIR.
 
     Folders without run.json (or without ``dataset_path``) and scans that record no dataset are
-    accepted. Raises ``InputError`` naming both datasets."""
+    accepted. Raises ``InputError`` naming both datasets, or naming a malformed run.json."""
     from dqa.audit.identity import describe, recorded_dataset
     from dqa.errors import InputError
 
-    run = _read_json(regen / "run.json") if regen.is_dir() else None
-    theirs, mine = (run or {}).get("dataset_path"), recorded_dataset(scan_summary)
+    from dqa.regen.run_folder import RunFolder
+
+    run = RunFolder(regen).manifest() if regen.is_dir() else None
+    theirs, mine = (run.dataset_path if run else None), recorded_dataset(scan_summary)
     if isinstance(theirs, str) and mine and theirs != mine:
         raise InputError(f"--regen {regen}: a regen run of {theirs}, but {scan_dir} is the scan of {describe(scan_summary)}: "
                          f"pass the scan of {theirs} as SCAN_DIR, or the regen folder of {mine}")

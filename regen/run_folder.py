@@ -1,0 +1,275 @@
+"""The ``dqa regen`` output folder, owned in one place (FORMATS.md, ``dqa regen`` output folder).
+
+* ``RunManifest``: ``run.json``, typed and versioned. ``dqa regen`` writes it; the run itself (a
+  resume checks the folder's identity), ``dqa merge`` (selection, column overrides, tokenizer),
+  ``dqa report`` (the dataset) and ``dqa plan --calibrate`` (through the run) read it.
+  ``RunManifest.read`` is the one parser: a missing key reads as its default (version 1 files
+  written before a key existed keep working), a key of the wrong type, a file that is not JSON or a
+  version newer than this dqa knows is an ``InputError`` naming the file and what was expected.
+* The shard store: ``shard_schema`` (the shard columns), ``ShardStatus`` (the ``status`` values),
+  ``shard_path``/``list_shards`` (where shards live) and ``RunFolder`` (the folder's paths).
+
+Version history of run.json: 1, the layout of ``RunManifest.to_json`` (files without
+``version`` are read as 1).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from dqa.errors import InputError
+
+RUN_VERSION = 1  # the newest run.json layout this dqa writes and reads
+
+RUN_JSON = "run.json"
+PROGRESS_JSON = "progress.json"
+SHARDS_DIR = "shards"
+JOURNAL_DIR = "journal"
+LOCK_FILE = ".lock"
+OWN_NAMES = frozenset({LOCK_FILE, RUN_JSON, PROGRESS_JSON, SHARDS_DIR, JOURNAL_DIR})  # what dqa regen puts in --out
+
+SHARD_RE = re.compile(r"^part-(?P<tag>.+)-(?P<seq>\d{6,})\.parquet$")
+
+
+class ShardStatus(str, enum.Enum):
+    """A shard record's ``status``: ``ok`` (a complete reply), ``length`` (cut by
+    ``--max-new-tokens``), ``failed`` (no reply; ``error`` says why). Members compare equal to
+    their strings; ``code`` is the int8 index used by in-memory status arrays."""
+
+    OK = "ok"
+    LENGTH = "length"
+    FAILED = "failed"
+
+    @property
+    def code(self) -> int:
+        return STATUSES.index(self.value)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+STATUSES: tuple[str, ...] = tuple(s.value for s in ShardStatus)  # index = status code (ok 0, length 1, failed 2)
+
+
+def shard_schema():
+    """The arrow schema of a shard (FORMATS.md, "Shard columns")."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("row", pa.int64()),
+            ("id", pa.string()),
+            ("input_ids", pa.list_(pa.int32())),
+            ("loss_mask", pa.list_(pa.uint8())),
+            ("prompt_len", pa.int32()),
+            ("output_tokens", pa.int32()),
+            ("status", pa.string()),
+            ("finish_reason", pa.string()),
+            ("error", pa.string()),
+            ("endpoint", pa.string()),
+            ("attempts", pa.int32()),
+            ("latency_s", pa.float64()),
+            ("model", pa.string()),
+            ("sampling", pa.string()),
+            ("seed", pa.int64()),
+            ("completed_at", pa.timestamp("us", tz="UTC")),
+            ("turn", pa.int32()),
+            ("turns", pa.int32()),
+            ("kept_len", pa.int32()),
+        ]
+    )
+
+
+def shard_path(out: Path, tag: str, seq: int) -> Path:
+    """Where shard ``seq`` of driver ``tag`` (``s<i>of<N>``) lives in folder ``out``."""
+    return out / SHARDS_DIR / f"part-{tag}-{seq:06d}.parquet"
+
+
+def list_shards(out: Path) -> list[Path]:
+    """The completed shards of folder ``out`` (named as ``shard_path`` names them), sorted."""
+    d = out / SHARDS_DIR
+    return sorted(p for p in d.glob("part-*.parquet") if SHARD_RE.match(p.name)) if d.is_dir() else []
+
+
+# --------------------------------------------------------------------------------------------- run.json
+
+
+def _no_columns() -> dict[str, str | None]:
+    return {"ids": None, "mask": None, "labels": None, "id": None}
+
+
+# key -> (accepted JSON types, what the message says was expected); None is accepted for every key
+# but identity, columns, endpoints and mirror, which read a null as their default.
+_EXPECT: dict[str, tuple[tuple[type, ...], str]] = {
+    "version": ((int,), "a whole number"),
+    "identity": ((dict,), "an object"),
+    "dataset_path": ((str,), "a path"),
+    "findings": ((str,), "a path"),
+    "columns": ((dict,), "an object of column names"),
+    "limit": ((int,), "a whole number"),
+    "protocol": ((str,), "sglang or openai"),
+    "model": ((str,), "a model name"),
+    "endpoints": ((list,), "a list of URLs"),
+    "max_in_flight": ((int,), "a whole number"),
+    "gpus": ((int,), "a whole number"),
+    "gpu_hour_cost": ((int, float), "a number"),
+    "tokenizer": ((str,), "a tokenizer folder or preset"),
+    "mirror": ((list,), "a list of URLs"),
+    "servers": ((dict,), "an object (endpoint URL -> what the server said)"),
+    "seed_applied": ((bool,), "true, false or null"),
+    "updated_at": ((str,), "a UTC time"),
+}
+
+
+@dataclass(frozen=True)
+class RunManifest:
+    """``run.json``: what a ``dqa regen`` folder was made for (``identity``: dataset, selection,
+    sampling; a resume must match it) and how the run was configured. Field per key, in file
+    order; ``to_json`` writes exactly these keys, ``read`` parses them back."""
+
+    identity: Mapping[str, Any] = field(default_factory=dict)  # {"dataset", "selection", "sampling"}
+    dataset_path: str | None = None  # resolved
+    findings: str | None = None  # absolute path; None with --all
+    columns: Mapping[str, str | None] = field(default_factory=_no_columns)  # the overrides given (None: detected)
+    limit: int | None = None
+    protocol: str | None = None
+    model: str | None = None
+    endpoints: tuple[str, ...] = ()  # without URL credentials
+    max_in_flight: int | None = None
+    gpus: int | None = None
+    gpu_hour_cost: float | None = None
+    tokenizer: str | None = None  # absolute when a folder was given
+    mirror: tuple[str, ...] = ()  # without URL credentials
+    servers: Mapping[str, Any] | None = None  # endpoint -> ServerFacts.to_json() or None (never reached)
+    seed_applied: bool | None = None
+    updated_at: str | None = None
+    version: int = RUN_VERSION
+
+    # --- identity parts -------------------------------------------------------------------------
+
+    @property
+    def selection(self) -> dict[str, Any] | None:
+        """``identity.selection`` (failed_only, reasons, rows_sha256, shard, turns), None when absent."""
+        sel = self.identity.get("selection")
+        return sel if isinstance(sel, dict) else None
+
+    @property
+    def dataset_rows(self) -> int | None:
+        """``identity.dataset.rows``: the row count of the dataset the run read; None when absent."""
+        ds = self.identity.get("dataset")
+        rows = ds.get("rows") if isinstance(ds, dict) else None
+        return rows if isinstance(rows, int) and not isinstance(rows, bool) else None
+
+    def column(self, key: str) -> str | None:
+        """The ``--<key>-column`` override the run was given (``ids``, ``mask``, ``labels``, ``id``)."""
+        value = self.columns.get(key)
+        return value if isinstance(value, str) else None
+
+    # --- file -----------------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object for run.json (``version`` first, then the keys in field order)."""
+        obj: dict[str, Any] = {"version": self.version}
+        for f in fields(self):
+            if f.name == "version":
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            obj[f.name] = value
+        return obj
+
+    def write(self, path: Path) -> None:
+        """Write atomically (temp file + fsync + rename) to ``path``."""
+        from dqa import atomic
+
+        atomic.write_json(path, self.to_json())
+
+    @classmethod
+    def from_json(cls, obj: Any, path: Path | str = RUN_JSON) -> RunManifest:
+        """Parse a run.json object. Raises ``InputError`` (one line naming ``path``) for a value that
+        is not an object, a key of the wrong type, or a ``version`` newer than ``RUN_VERSION``.
+        Missing keys (and unknown ones) are allowed: older version-1 files lack some."""
+        if not isinstance(obj, dict):
+            raise InputError(f"{path}: not a JSON object; expected the run.json dqa regen writes")
+        version = obj.get("version", 1)
+        if version is None:
+            version = 1
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise InputError(f"{path}: 'version' is {json.dumps(version)[:40]}; expected a whole number >= 1")
+        if version > RUN_VERSION:
+            raise InputError(f"{path}: run.json version {version} was written by a newer dqa (this one reads up to "
+                             f"version {RUN_VERSION}); upgrade dqa to read this folder")
+        kw: dict[str, Any] = {"version": version}
+        for key, (types, what) in _EXPECT.items():
+            if key == "version" or key not in obj or obj[key] is None:
+                continue
+            value = obj[key]
+            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+                raise InputError(f"{path}: {key!r} is {json.dumps(value)[:60]}; expected {what} (or null)")
+            if key in ("endpoints", "mirror"):
+                if not all(isinstance(v, str) for v in value):
+                    raise InputError(f"{path}: {key!r} holds a non-string; expected {what}")
+                value = tuple(value)
+            kw[key] = value
+        return cls(**kw)
+
+    @classmethod
+    def read(cls, path: Path | str) -> RunManifest:
+        """Read and parse ``path``. Raises ``InputError`` (one line naming the file) when it is
+        missing or unreadable, not JSON, or malformed (see ``from_json``)."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise InputError(f"{path}: no such file; expected the run.json dqa regen writes") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"{path}: not readable ({getattr(exc, 'strerror', None) or exc})") from None
+        try:
+            obj = json.loads(text)
+        except ValueError as exc:
+            raise InputError(f"{path}: not valid JSON ({exc}); expected the run.json dqa regen writes") from None
+        return cls.from_json(obj, path)
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """The paths of one ``dqa regen`` output folder (local; an object-store ``--out`` is staged
+    in a local one)."""
+
+    path: Path
+
+    @property
+    def run_json(self) -> Path:
+        return self.path / RUN_JSON
+
+    @property
+    def progress_json(self) -> Path:
+        return self.path / PROGRESS_JSON
+
+    @property
+    def shards_dir(self) -> Path:
+        return self.path / SHARDS_DIR
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / LOCK_FILE
+
+    def has_manifest(self) -> bool:
+        return self.run_json.is_file()
+
+    def manifest(self) -> RunManifest | None:
+        """The folder's run.json, None when it has none. Raises ``InputError`` when it is malformed."""
+        if not self.run_json.is_file():
+            return None
+        return RunManifest.read(self.run_json)
+
+    def shards(self) -> list[Path]:
+        return list_shards(self.path)

@@ -1,0 +1,107 @@
+"""The two extension points every server kind fills in: its request ``Protocol`` and its ``ServerKind``.
+
+A ``Protocol`` turns one ``Job`` attempt into a request body and a reply into an ``Outcome``
+(``dqa.regen.client.call`` does the HTTP around it, the same for every kind). A ``ServerKind``
+says the rest: which protocol its servers speak, where their health is read, how `dqa fleet up`
+launches one, and what `dqa fleet status` can read from it. One module per kind implements both
+(``servers/sglang.py``, ``servers/openai.py``, ``servers/transformers.py``); the registry is
+``dqa.regen.servers.KINDS``.
+
+Nothing here imports numpy, aiohttp or the kind modules: a kind is added by writing its module
+and listing it in ``servers/__init__.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dqa.errors import UsageError
+
+
+class Protocol:
+    """How a kind's servers are asked for one completion (``POST path``).
+
+    ``body`` builds the request of one attempt; ``parse`` reads a 200 reply into an ``Outcome``
+    and never raises for server behaviour. The three hooks let a protocol adapt per endpoint;
+    they do nothing here: ``extras_for`` names optional fields not to send to that endpoint,
+    ``rejected`` reads an error reply that refuses optional fields (the fields to drop and ask
+    again without; empty: an ordinary error), ``replied`` sees every parsed reply.
+    """
+
+    name = ""
+    path = ""
+
+    def body(self, job, attempt: int, extras_off: frozenset[str], max_new: int) -> bytes:
+        raise NotImplementedError
+
+    def parse(self, obj: Any, job):
+        raise NotImplementedError
+
+    def extras_for(self, url: str) -> frozenset[str]:
+        """Optional fields not to send to ``url`` (the endpoint's generate URL)."""
+        return frozenset()
+
+    def rejected(self, url: str, status: int, body: bytes, extras_off: frozenset[str]) -> frozenset[str]:
+        """The optional fields a non-200 reply from ``url`` refuses, to drop from then on (empty:
+        the reply is an ordinary error, classified by its status)."""
+        return frozenset()
+
+    def replied(self, url: str, outcome, extras_off: frozenset[str]) -> None:
+        """Called with the parsed ``outcome`` of every 200 reply from ``url``."""
+
+
+class ServerKind:
+    """One kind of model server: what dqa knows about it apart from the request itself.
+
+    ``protocol``: the name of the request protocol its servers speak (a kind that has one of its
+    own names itself). ``health_paths``: where its health is read, best first; a 404 moves on to
+    the next (the first is what `dqa fleet up` waits on). ``launchable``: `dqa fleet up --engine`
+    can start it (``launch_argv``). ``status`` fills in what `dqa fleet status` can read besides
+    up/down.
+    """
+
+    name = ""
+    protocol = ""
+    health_paths: tuple[str, ...] = ("/health",)
+    launchable = False
+    no_metrics = "this server kind reports no metrics"
+
+    def __repr__(self) -> str:
+        return f"<server kind {self.name}>"
+
+    # ------------------------------------------------------------------ dqa regen
+
+    async def preflight(self, session, url: str, name: str, facts, timeout) -> str | None:
+        """Start-up checks of one reachable endpoint (base ``url``; ``name`` without credentials)
+        for ``dqa regen --protocol`` this kind, after ``server_probe.discover`` found ``facts``
+        (a ``ServerFacts``, updated in place): the usage error when the server does not speak
+        this protocol, else None. Here: nothing to check."""
+        return None
+
+    # ------------------------------------------------------------------ fleet up
+
+    def check_launch(self, spec) -> None:
+        """Refuse `fleet up` options (a ``fleet_up.FleetSpec``) this kind has no use for."""
+        if spec.mtp:
+            raise UsageError(f"--mtp is an SGLang option; drop it with --engine {self.name}")
+        if spec.deterministic:
+            raise UsageError(f"--deterministic is an SGLang option; drop it with --engine {self.name}")
+
+    def missing_model_notes(self, spec) -> list[str]:
+        """What a dry run without the model folder decides without it, besides the folder itself."""
+        return []
+
+    def prepare(self, launch, notes: list[str]) -> None:
+        """Settle what the launch command depends on (a ``fleet_launch.LaunchSpec``, changed in
+        place) before the commands are built; ``notes`` get what was assumed."""
+
+    def launch_argv(self, spec, port: int) -> list[str]:
+        """The argument list of one server of ``spec`` listening on ``port``."""
+        raise UsageError(f"--engine {self.name!r}: dqa cannot launch this server kind")
+
+    # ------------------------------------------------------------------ fleet status
+
+    def status(self, fleet, ep, st, timeout: float) -> None:
+        """Fill in ``st`` (a ``fleet_status.EndpointStatus`` whose ``up`` is known) with the
+        figures the server reports; here: none, and the note says so."""
+        st.note = f"metrics unavailable ({self.no_metrics})"
