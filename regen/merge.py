@@ -476,13 +476,18 @@ class Convention:
     (only the final one: SpecForge's ``train_only_last_turn``, speculators' last boundary);
     ``post_eot``: the tokens the template puts after end of turn (ChatML's ``\n``) are trained, and
     appended after a final turn that ends in end of turn; ``think_prefix``: tokens right after the
-    header that stay untrained (SpecForge's ``qwen3.5`` header ``<|im_start|>assistant\n<think>\n``).
+    header that stay untrained (SpecForge's ``qwen3.5`` header ``<|im_start|>assistant\n<think>\n``);
+    ``header_trained``: the assistant header is trained too (TRL's DeepSeek V3 template trains
+    ``<｜Assistant｜>``); ``eot_trained``: the end-of-turn token is trained (False: axolotl's
+    ``train_on_eos: none``, where the span stops before it and nothing after it is trained).
     """
 
     turns: str = "all"
     post_eot: bool = False
     think_prefix: tuple[int, ...] = ()
     source: str = ""
+    header_trained: bool = False
+    eot_trained: bool = True
 
     @classmethod
     def from_detected(cls, conv: dict[str, Any], fmt: Any, source: str) -> "Convention":
@@ -494,19 +499,21 @@ class Convention:
         prefix: tuple[int, ...] = ()
         if conv.get("header_includes_think"):
             prefix = tuple(fmt.think_prefix) or tuple(t for t in (fmt.think_open, fmt.newline) if t is not None)
-        return cls(turns, bool(conv.get("post_eot_trained")), prefix, source)
+        return cls(turns, bool(conv.get("post_eot_trained")), prefix, source,
+                   header_trained=conv.get("header_trained") is True, eot_trained=conv.get("eot_trained") is not False)
 
     def describe(self) -> dict[str, Any]:
         return {"trained_turns": self.turns, "post_eot_trained": self.post_eot, "header_includes_think": bool(self.think_prefix),
-                "source": self.source}
+                "header_trained": self.header_trained, "eot_trained": self.eot_trained, "source": self.source}
 
 
 def rebuild_in_convention(values: np.ndarray, offsets: np.ndarray, fmt: Any, conv: Convention) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Regenerated samples (flat ``values``, ``offsets``) as the input would have stored them:
     ``(values, offsets, mask)`` with the post-end-of-turn tokens appended after a final end of turn
     when the convention trains them, and the mask over each trained assistant turn from after its
-    header (and an untrained think prefix) through its end of turn (and the tokens after it when
-    trained); a final turn without end of turn (a length cut) is trained to the sample's end.
+    header (and an untrained think prefix; from the header itself when ``header_trained``) through
+    its end of turn (and the tokens after it when trained; up to it when not ``eot_trained``); a
+    final turn without end of turn (a length cut) is trained to the sample's end.
     Vectorized over all samples (loops only over the few tokens of a header or think prefix)."""
     from dqa.regen.prompts import header_starts
 
@@ -515,7 +522,7 @@ def rebuild_in_convention(values: np.ndarray, offsets: np.ndarray, fmt: Any, con
     n = offsets.size - 1
     lens = offsets[1:] - offsets[:-1]
     post = np.asarray(fmt.post_eot or (), dtype=values.dtype if values.size else np.int64)
-    if conv.post_eot and post.size and n:
+    if conv.post_eot and conv.eot_trained and post.size and n:
         last_tok = values[np.maximum(offsets[1:] - 1, 0)] if values.size else np.zeros(n, values.dtype)
         add = ((lens > 0) & (last_tok == fmt.eot)).astype(np.int64) * post.size
         if add.any():
@@ -553,8 +560,10 @@ def rebuild_in_convention(values: np.ndarray, offsets: np.ndarray, fmt: Any, con
     found = e < eots.size
     e_at = eots[np.minimum(e, max(eots.size - 1, 0))] if eots.size else start
     found &= e_at < nxt
-    end = np.where(found, e_at + 1, nxt)
-    if conv.post_eot and post.size:
+    if conv.header_trained:
+        start = hpos
+    end = np.where(found, e_at + (1 if conv.eot_trained else 0), nxt)
+    if conv.post_eot and conv.eot_trained and post.size:
         follows = found.copy()
         for t in post:
             follows &= (end < nxt) & (values[np.minimum(end, max(total - 1, 0))] == t)

@@ -86,9 +86,35 @@ def test_rebuild_in_convention_masks_each_convention():
     assert v.tolist() == ids
     assert [i for i, x in enumerate(m) if x] == [a2 + 2, a2 + 3]  # after "<think>\n", through <|im_end|>
 
+    v, o, m = rebuild_in_convention(vals, offs, fmt, Convention("all", post_eot=False, header_trained=True))
+    assert [i for i, x in enumerate(m) if x] == [*range(a1 - 3, a1 + 3), *range(a2 - 3, a2 + 4)]  # header through <|im_end|>
+
+    v, o, m = rebuild_in_convention(vals, offs, fmt, Convention("all", post_eot=True, eot_trained=False))
+    assert v.tolist() == ids, "nothing is appended after an end of turn the convention leaves untrained"
+    assert [i for i, x in enumerate(m) if x] == [*range(a1, a1 + 2), *range(a2, a2 + 3)]  # up to <|im_end|>, not it
+
     cut = ids[:-1]  # a length cut: no end of turn, trained to the end
     v, o, m = rebuild_in_convention(np.asarray(cut), np.asarray([0, len(cut)]), fmt, Convention("last", post_eot=True))
     assert v.tolist() == cut and [i for i, x in enumerate(m) if x] == list(range(a2, len(cut)))
+
+
+def test_the_convention_is_read_from_the_scans_conventions():
+    """``summary.json`` ``conventions`` as the scan writes them for TRL's DeepSeek V3 rows (header
+    trained) and axolotl's ``train_on_eos: none`` (end of turn untrained); an older summary without
+    those keys reads as the common case."""
+    from dqa.audit.template import load_template
+    from dqa.regen.merge import Convention
+
+    fmt = load_template("qwen3", decode=False)
+    trl = Convention.from_detected({"trained_turns": "all", "post_eot_trained": None, "header_includes_think": None,
+                                    "header_trained": True, "eot_trained": True}, fmt, "s")
+    assert (trl.turns, trl.header_trained, trl.eot_trained, trl.post_eot) == ("all", True, True, False)
+    axo = Convention.from_detected({"trained_turns": "all", "post_eot_trained": False, "header_trained": False,
+                                    "eot_trained": False}, fmt, "s")
+    assert (axo.header_trained, axo.eot_trained) == (False, False)
+    old = Convention.from_detected({"trained_turns": "last", "post_eot_trained": True}, fmt, "s")
+    assert (old.turns, old.post_eot, old.header_trained, old.eot_trained) == ("last", True, False, True)
+    assert old.describe()["eot_trained"] is True and trl.describe()["header_trained"] is True
 
 
 def test_a_turn_recorded_twice_is_refused(tmp_path):

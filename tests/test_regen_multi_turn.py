@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from chatdata import sentence
-from peer_conventions import build_rows, load_model, specforge, tokenizer_folder
+from peer_conventions import axolotl, axolotl_config, build_rows, load_model, specforge, tokenizer_folder
 from regen_helpers import read_shards
 from servers.sglang_contract import StubServer
 
@@ -197,6 +197,34 @@ def test_all_turns_regenerate_and_merge_back_in_the_input_convention(convention,
     same_conventions(before, after)
     if vocab == "qwen3.6":
         assert after["conventions"]["header_includes_think"] is True
+    assert after["failing_rows"] == 0, {k: v["count"] for k, v in after["checks"].items() if v["count"]}
+
+
+def test_axolotl_train_on_eos_none_merges_back_with_every_end_of_turn_untrained(qwen3, tmp_path):
+    """axolotl with ``train_on_eos: none`` (labels, every assistant turn trained, no end of turn
+    trained): the flagged turns are regenerated and merged back with ``<|im_end|>`` still untrained
+    in every turn, so the rescan reports the same conventions (``eot_trained`` False) and nothing
+    failing."""
+    tok, model = qwen3
+    rows = [axolotl(model, m, train_on_eos="none", **axolotl_config(model)) for m in conversations()]
+    assert all(IM_END not in labels for _, labels in rows), "built by axolotl's rule: no end of turn trained"
+    src = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"id": [f"conv-{i}" for i in range(N)],
+                             "input_ids": pa.array([r[0] for r in rows], pa.list_(pa.int32())),
+                             "labels": pa.array([r[1] for r in rows], pa.list_(pa.int32()))}), src)
+    before = scan(src, tmp_path / "scan", tok)
+    assert before["failing_rows"] == len(DEGENERATE) and before["conventions"]["eot_trained"] is False
+    regen, merged, after = regen_merge_rescan(tmp_path, "qwen3", src, tok, tmp_path / "scan")
+    assert merged["replaced"] == len(DEGENERATE) and merged["convention"]["eot_trained"] is False
+    back = pq.read_table(tmp_path / "merged.parquet")
+    for r in DEGENERATE:
+        ids, labels = back.column("input_ids")[r].as_py(), back.column("labels")[r].as_py()
+        assert IM_END in ids[-2:] and IM_END not in labels
+        heads = headers(ids) + [len(ids)]
+        trained = [any(x != -100 for x in labels[a + 3 : b]) for a, b in zip(heads, heads[1:])]
+        assert trained == [True, True, True], "every assistant turn trained, as in the input"
+    same_conventions(before, after)
+    assert after["conventions"]["eot_trained"] is False
     assert after["failing_rows"] == 0, {k: v["count"] for k, v in after["checks"].items() if v["count"]}
 
 

@@ -51,7 +51,8 @@ def merge(
     template renders history: Qwen3 drops their reasoning) plus the final turn, masked in the
     input's own convention (the scan's conventions, else detected from the input): every
     assistant turn trained or only the last, the newline after end of turn trained or not, a
-    `<think>\n` in the untrained header or trained; loss_mask in the input's value type, or
+    `<think>\n` in the untrained header or trained, the assistant header trained or not, the end
+    of turn trained or not (axolotl's train_on_eos: none); loss_mask in the input's value type, or
     labels = the id where the mask is 1 and -100 elsewhere; attention_mask, if present, all
     ones. Other columns stay. A `dqa_regen` column records endpoint, model, finish_reason,
     status, sampling and completed_at (null for untouched rows; JSON text in JSONL, `null`
