@@ -19,6 +19,7 @@ in the SGLang version installed on the GPU node.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -40,6 +41,12 @@ def parse_version(text: Any) -> tuple[int, int, int] | None:
     no version (parsed defensively: the format of ``version`` drifts between releases)."""
     if not isinstance(text, str):
         return None
+    return _parse_version_text(text)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_version_text(text: str) -> tuple[int, int, int] | None:
+    # cached: the dispatcher asks for each request's output cap, always with the same few versions
     m = _VERSION.search(text)
     if not m:
         return None
