@@ -561,7 +561,7 @@ def batch_metrics_and_turns(batch: TokenBatch, tables: KernelTables) -> tuple[di
     # Hashes of the supervised sequence and of the prompt (unsupervised tokens), and loops.
     mb = mask.view(bool)
     sup_ids = ids[mb]
-    sup_mix = tables.mix[sup_ids]
+    sup_mix = np.take(tables.mix, sup_ids)  # take: ~1.5x faster than fancy indexing for a uint64 table
     sup_bounds = cs_mask[offs]
     weighted = _weighted(sup_mix, tables)
     supervised_hash = _range_hash(weighted, sup_bounds[:-1], sup_bounds[1:], tables)
@@ -586,7 +586,7 @@ def batch_metrics_and_turns(batch: TokenBatch, tables: KernelTables) -> tuple[di
         turn_share[own] = own_share
         turns["ngram_repeat_share"] = turn_share
     del sup_mix, pos, h
-    uns_mix = tables.mix[ids[~mb]]
+    uns_mix = np.take(tables.mix, ids[~mb])
     weighted = _weighted(uns_mix, tables)
     del uns_mix
     uns_bounds = offs - sup_bounds
