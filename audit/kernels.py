@@ -606,7 +606,8 @@ def batch_metrics_and_turns(batch: TokenBatch, tables: KernelTables) -> tuple[di
         turns["supervised_hash"] = _range_hash(weighted, t_lo, t_hi, tables)
         sup_before = _prefix_range_hash(weighted, t_first, t_lo, group, tables)
     del weighted
-    pos, h = _anchor_ngrams(sup_mix, np.flatnonzero(tables.anchor[sup_ids]))
+    # anchor[t] is (mix[t] >> ANCHOR_SHIFT) == 0: one compare over the gathered hashes, no second gather
+    pos, h = _anchor_ngrams(sup_mix, np.flatnonzero(sup_mix < (np.uint64(1) << ANCHOR_SHIFT)))
     del sup_ids
     # A turn that holds all of its row's supervised tokens has the row's share; only the others
     # (multi-turn rows, stray supervised tokens) are measured on their own span.
