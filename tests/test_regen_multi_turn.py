@@ -228,6 +228,45 @@ def test_axolotl_train_on_eos_none_merges_back_with_every_end_of_turn_untrained(
     assert after["failing_rows"] == 0, {k: v["count"] for k, v in after["checks"].items() if v["count"]}
 
 
+@pytest.mark.parametrize("route", ["token-exact", "text"])
+def test_flagged_turns_regenerate_over_the_openai_route_and_merge_back(route, qwen3, tmp_path):
+    """``--protocol openai`` on the same SpecForge Qwen3 set: SGLang 0.5.23's chat route takes each
+    turn's prompt as token ids (token-exact); 0.5.22's takes messages, so each turn's history is sent
+    as text and the reply (content plus ``reasoning_content``) rendered back into tokens. Either way
+    turns 1 and 2 of each flagged row are regenerated in order, turn 2 on turn 1's new answer, and the
+    merged set scans with the input's conventions and nothing failing."""
+    tok, model = qwen3
+    src = build(model, tmp_path / "train.parquet")
+    before = scan(src, tmp_path / "scan", tok)
+    version = ["--sglang-version", "0.5.22"] if route == "text" else []
+    regen = tmp_path / "regen"
+    with StubServer(tmp_path / "stub", "--zero-latency", "--reasoning-parser", "qwen3", *version, *STUB_ANSWERS) as server:
+        r = dqa("regen", src, "--findings", tmp_path / "scan", "-e", server.url, "--out", regen, "--tokenizer", tok,
+                "--protocol", "openai")
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((regen / "run.json").read_text())
+    assert manifest["servers"][server.url]["openai_route"] == route
+    recs = by_turn(regen)
+    assert sorted(recs) == sorted((r, t) for r in DEGENERATE for t in (1, 2))
+    for r in DEGENERATE:
+        t1, t2 = recs[(r, 1)], recs[(r, 2)]
+        assert t1["status"] == t2["status"] == "ok"
+        out1 = t1["input_ids"][t1["prompt_len"]:]
+        answer1 = out1[out1.index(END_THINK) + 1 :]
+        while answer1 and answer1[0] in (NL, NLNL):
+            answer1 = answer1[1:]
+        p2 = t2["input_ids"][: t2["prompt_len"]]
+        k = t2["kept_len"]
+        assert p2[k : k + len(answer1)] == answer1, "turn 2's prompt holds turn 1's regenerated answer"
+    out = tmp_path / "merged.parquet"
+    m = dqa("merge", src, "--regen", regen, "--out", out, "--json")
+    assert m.returncode == 0, m.stderr
+    assert json.loads(m.stdout)["replaced"] == len(DEGENERATE)
+    after = scan(out, tmp_path / "rescan", tok)
+    same_conventions(before, after)
+    assert after["failing_rows"] == 0, {k: v["count"] for k, v in after["checks"].items() if v["count"]}
+
+
 def test_turns_last_regenerates_only_the_final_turn_as_before(qwen3, tmp_path):
     tok, model = qwen3
     src = build(model, tmp_path / "train.parquet")
