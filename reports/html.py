@@ -81,15 +81,28 @@ def find_validation(scan_dir: Path) -> Path | None:
 
 
 def read_shards(regen_dir: Path) -> pl.DataFrame:
-    """``completed_at``, ``output_tokens``, ``status`` and ``latency_s`` of every completed shard of a regen run."""
+    """``completed_at``, ``output_tokens``, ``status``, ``latency_s`` and ``ends_sample`` of every
+    completed shard row of a regen run. A shard row is one regenerated turn; ``ends_sample`` is
+    true where it finishes its sample (the conversation's last turn, or a turn that failed or was
+    cut, which ends it; always for shards written before multi-turn regeneration). Raises
+    ``InputError`` naming the folder when a shard lacks a column."""
     folder = regen_dir / "shards"
     files = sorted(p for p in folder.glob("*.parquet") if not p.name.startswith("."))
     cols = ["completed_at", "output_tokens", "status", "latency_s"]
     if not files:
         return pl.DataFrame(schema={"completed_at": pl.Datetime("us", "UTC"), "output_tokens": pl.Int64, "status": pl.String,
-                                    "latency_s": pl.Float64})
+                                    "latency_s": pl.Float64, "ends_sample": pl.Boolean})
+    parts = []
     try:
-        return pl.concat([pl.read_parquet(f, columns=cols) for f in files], how="vertical_relaxed")
+        for f in files:
+            names = set(pl.read_parquet_schema(f))
+            df = pl.read_parquet(f, columns=cols + [c for c in ("turn", "turns") if c in names])
+            if "turn" in df.columns and "turns" in df.columns:
+                ends = pl.col("turn").is_null() | (pl.col("turn") >= pl.col("turns") - 1) | (pl.col("status") != "ok")
+            else:
+                ends = pl.lit(True)
+            parts.append(df.select(*cols, ends.alias("ends_sample")))
+        return pl.concat(parts, how="vertical_relaxed")
     except Exception as exc:
         raise InputError(f"{folder}: shards without {', '.join(cols)} ({' '.join(str(exc).split())[:200]})") from None
 
@@ -174,9 +187,19 @@ def _work(shards: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, list[tuple[int,
     return t, tok, work_spans(t, lat)
 
 
+def _sample_ends(shards: pl.DataFrame) -> np.ndarray:
+    """1.0 for each shard row (in completion order) that finishes its sample, else 0.0."""
+    t = shards["completed_at"].dt.epoch("us").to_numpy()
+    order = np.argsort(t, kind="stable")
+    if "ends_sample" not in shards.columns:
+        return np.ones(len(order), dtype=np.float64)
+    return shards["ends_sample"].fill_null(True).to_numpy().astype(np.float64)[order]
+
+
 def throughput(shards: pl.DataFrame, buckets: int = THROUGHPUT_BUCKETS) -> tuple[list, list, list, float]:
-    """Bucket shard rows by ``completed_at``: ``(seconds since the first completion, output tok/s,
-    completed rows cumulative, bucket width s)``.
+    """Bucket shard rows by ``completed_at``: ``(seconds since the first completion, output tok/s
+    (every turn's tokens), completed samples cumulative (rows that finish a sample: a multi-turn
+    conversation counts once, at its last turn), bucket width s)``.
 
     Each stretch of work is bucketed on its own, all with one width (the working time over
     ``buckets``); between two stretches (an idle gap: no request in flight for ``GAP_S`` or more,
@@ -186,6 +209,7 @@ def throughput(shards: pl.DataFrame, buckets: int = THROUGHPUT_BUCKETS) -> tuple
     if shards.height == 0:
         return [], [], [], 0.0
     t, tok, spans = _work(shards)
+    ends = _sample_ends(shards)
     t0 = float(t[0])
     width = max(0.01, sum(float(t[b - 1] - t[a]) for a, b, _ in spans) / buckets)
     xs: list = []
@@ -202,7 +226,7 @@ def throughput(shards: pl.DataFrame, buckets: int = THROUGHPUT_BUCKETS) -> tuple
         n = max(1, int(math.ceil(float(ts[-1] - start) / width)))
         idx = np.minimum(((ts - start) / width).astype(np.int64), n - 1)
         tps += (np.bincount(idx, weights=tok[a:b], minlength=n) / width).tolist()
-        cum = total + np.cumsum(np.bincount(idx, minlength=n))
+        cum = total + np.cumsum(np.bincount(idx, weights=ends[a:b], minlength=n)).astype(np.int64)
         total = int(cum[-1])
         done += cum.astype(float).tolist()
         xs += [start - t0 + (i + 0.5) * width for i in range(n)]
@@ -348,7 +372,7 @@ def _section_regen(inp: ReportInputs) -> str:
             ("done", f"{_num(p.get('done'))} of {_num(p.get('total'))}"),
             ("ok / failed / truncated", f"{_num(p.get('ok'))} / {_num(p.get('failed'))} / {_num(p.get('truncated'))}"),
             ("output tok/s", _num(tok) + over),
-            ("requests/s", _num(req) + over),
+            ("samples/s", _num(req) + over),
             ("mean output tokens", _num(p.get("mean_output_tokens"))),
             ("working time (all runs)", esc(human_duration(float(p.get("elapsed_s") or 0.0)))),
             ("cost so far / projected", f"{_num(p.get('cost_so_far'))} / {_num(p.get('cost_projected'))}"),
@@ -368,7 +392,10 @@ def _section_regen(inp: ReportInputs) -> str:
                          f'{esc(human_duration(sum(b - a for a, b in gaps)))} in all, when no request was in flight for '
                          f'{esc(human_duration(GAP_S))} or more (between runs, or while the whole fleet was down); not drawn as zero.</p>')
         status = sh.group_by("status").len().sort("len", descending=True)
-        parts.append('<p class="note">Shard rows: ' + ", ".join(f"{esc(s)} {n:,}" for s, n in status.iter_rows()) + "</p>")
+        samples = int(sh["ends_sample"].sum()) if "ends_sample" in sh.columns else sh.height
+        turns_note = (f" ({sh.height:,} turns regenerated for {samples:,} finished samples: a multi-turn conversation is "
+                      "one sample, each of its regenerated turns one shard row; tok/s counts every turn)") if samples != sh.height else ""
+        parts.append('<p class="note">Shard rows: ' + ", ".join(f"{esc(s)} {n:,}" for s, n in status.iter_rows()) + esc(turns_note) + "</p>")
     else:
         parts.append('<p class="note">No completed shards yet.</p>')
     parts.append("</section>")

@@ -104,6 +104,37 @@ def test_throughput_buckets_sum_to_the_output_tokens():
     assert done[-1] == 5 and done[0] == 1
 
 
+def test_a_multi_turn_run_counts_samples_once_and_tokens_of_every_turn(tmp_path):
+    """Shards of a multi-turn run hold one row per regenerated turn: the completed-samples line counts
+    a conversation once, when its last turn (or a failed turn, which ends it) completes; output tok/s
+    counts every turn. Shards from before multi-turn regeneration (no turn columns) count each row."""
+    import polars as pl
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dqa.reports.html import read_shards, throughput
+
+    t = np.array([0, 10, 20, 30, 40, 50], dtype="datetime64[s]").astype("datetime64[us]")
+    table = pa.table({
+        "completed_at": pa.array(t, pa.timestamp("us", tz="UTC")),
+        "output_tokens": pa.array([10, 20, 30, 40, 50, 60], pa.int32()),
+        "status": ["ok", "ok", "ok", "failed", "ok", "ok"],
+        "latency_s": [0.1] * 6,
+        "turn": pa.array([1, 2, 0, 1, 0, 0], pa.int32()),  # row A turns 1-2 of 3; row B fails at turn 1 of 3; C, D single
+        "turns": pa.array([3, 3, 3, 3, 1, 1], pa.int32()),
+    })
+    (tmp_path / "new" / "shards").mkdir(parents=True)
+    pq.write_table(table, tmp_path / "new" / "shards" / "part-000000.parquet")
+    shards = read_shards(tmp_path / "new")
+    assert shards["ends_sample"].to_list() == [False, True, False, True, True, True]
+    xs, tps, done, width = throughput(shards, buckets=5)
+    assert done[-1] == 4 and sum(tps) * width == pytest.approx(210)
+    (tmp_path / "old" / "shards").mkdir(parents=True)
+    pq.write_table(table.drop(["turn", "turns"]), tmp_path / "old" / "shards" / "part-000000.parquet")
+    assert throughput(read_shards(tmp_path / "old"), buckets=5)[2][-1] == 6
+    assert isinstance(shards, pl.DataFrame)
+
+
 def test_report_picks_up_the_validation_and_gate(cli, defect_scan, clean_scan, tmp_path):
     gate_out = defect_scan / "gate"
     try:
@@ -276,7 +307,7 @@ def test_a_short_pause_with_requests_in_flight_is_not_a_gap(tmp_path):
 
 
 def test_a_finished_runs_rates_are_shown_even_from_an_older_progress_json(cli, defect_scan, tmp_path):
-    """Issue 9 item 6 / issue 11: a finished run showed output tok/s 0 and requests/s 0 next to a chart full of traffic."""
+    """Issue 9 item 6 / issue 11: a finished run showed output tok/s 0 and requests/s (now samples/s) 0 next to a chart full of traffic."""
     regen = write_regen_folder(tmp_path / "regen", rows=120, seconds=600.0)
     p = json.loads((regen / "progress.json").read_text())
     p.update(req_per_s=0.0, output_tok_per_s=0.0)  # what older dqa wrote after a rerun of the finished run
@@ -285,6 +316,6 @@ def test_a_finished_runs_rates_are_shown_even_from_an_older_progress_json(cli, d
     assert cli("report", defect_scan, "--regen", regen, "--out", out).exit_code == 0
     page = out.read_text()
     row = lambda name: re.search(rf"<tr><th>{re.escape(name)}</th><td>([^<]*)", page).group(1).strip()  # noqa: E731
-    assert row("requests/s") == "0.2"  # 120 rows / 600 s of working time
+    assert row("samples/s") == "0.2"  # 120 rows / 600 s of working time
     assert row("output tok/s") == f"{600.0 * 120 / 600:,.4g}"  # mean output tokens x rows / working time
     assert "mean over working time" in page
