@@ -1081,24 +1081,40 @@ def _run_tokenizer(regen: list[Path]) -> str | None:
     return None
 
 
-def _turn_outputs(index: RegenIndex, rows: np.ndarray) -> dict[int, dict[int, np.ndarray]]:
-    """The output tokens of every recorded turn of ``rows``: row -> turn (-1: the final one, for
-    shards of runs before multi-turn) -> output."""
+def _turn_outputs(index: RegenIndex, rows: np.ndarray) -> tuple[dict[int, dict[int, np.ndarray]], dict[int, np.ndarray]]:
+    """The output tokens of every recorded turn of ``rows`` (row -> turn (-1: the final one, for
+    shards of runs before multi-turn) -> output), and per row the prompt tokens its first
+    regenerated turn kept unchanged from the dataset row (``kept_len``; absent for older shards)."""
     import pyarrow.parquet as pq
 
     out: dict[int, dict[int, np.ndarray]] = {}
+    kept: dict[int, tuple[int, np.ndarray]] = {}
     if rows.size == 0:
-        return out
+        return out, {}
     want = pa.array(np.asarray(rows, dtype=np.int64))
     for p in index.files:
         names = set(pq.read_schema(p).names)
-        cols = ["row", "status", "input_ids", "prompt_len"] + (["turn"] if "turn" in names else [])
+        cols = ["row", "status", "input_ids", "prompt_len"] + [c for c in ("turn", "kept_len") if c in names]
         t = pq.read_table(p, columns=cols)
         t = t.filter(pc.and_(pc.is_in(t.column("row"), value_set=want), pc.not_equal(t.column("status"), ShardStatus.FAILED.value)))
         for rec in t.to_pylist():
             ids = np.asarray(rec["input_ids"], dtype=np.int64)
-            out.setdefault(int(rec["row"]), {})[int(rec.get("turn", -1) if "turn" in names else -1)] = ids[int(rec["prompt_len"]):]
-    return out
+            row, turn = int(rec["row"]), int(rec["turn"]) if rec.get("turn") is not None else -1
+            out.setdefault(row, {})[turn] = ids[int(rec["prompt_len"]):]
+            if rec.get("kept_len") is not None and (row not in kept or turn < kept[row][0]):
+                kept[row] = (turn, ids[: int(rec["kept_len"])])
+    return out, {r: k for r, (_, k) in kept.items()}
+
+
+def _check_kept_prompt(renderer: Any, obj: Any, kept: np.ndarray, f: Path, line: int, row: int) -> None:
+    """Raise ``InputError`` unless the conversation on ``line``, rendered and tokenized as ``dqa scan``
+    and ``dqa regen`` read it, starts with ``kept``: the tokens the run copied from this row before its
+    first regenerated turn. A conversation edited since the run (or another dataset's run, rows
+    without ids) would otherwise get replies written for a different history."""
+    ids = renderer.tokenizer.encode(renderer.render(renderer.messages(obj, f, line), f, line), add_special_tokens=False).ids
+    if len(ids) < kept.size or not np.array_equal(np.asarray(ids[: kept.size], dtype=np.int64), kept):
+        raise InputError(f"{f}: line {line}: row {row}'s conversation before its first regenerated turn differs from the "
+                         "one the run regenerated from (the dataset changed since the run, or regen output of another dataset?)")
 
 
 def split_reply(output: np.ndarray, fmt: Any) -> tuple[str, str | None]:
@@ -1143,7 +1159,10 @@ def _merge_conversations(ds: Any, regen: list[Path], out: Path, index: RegenInde
     if fmt.tokenizer is None:
         raise InputError(f"--regen {regen[0]}: the run's tokenizer {tokenizer} has no tokenizer files to decode the replies with")
     replace = index.rows[index.status != _FAILED]
-    outputs = _turn_outputs(index, replace)
+    outputs, kept = _turn_outputs(index, replace)
+    from dqa.audit.format_conversations import Renderer
+
+    renderer = Renderer(fmt)
     summary = MergeSummary(dataset=str(ds.path), regen=[str(d) for d in regen], output=str(out), report=str(report_path(out)),
                            format=ds.format, failed_policy=failed, accept=",".join(accept),
                            convention={"format": "conversation JSONL", "reasoning": "reasoning_content per regenerated turn"})
@@ -1178,6 +1197,8 @@ def _merge_conversations(ds: Any, regen: list[Path], out: Path, index: RegenInde
                         raise InputError(f"{f}: line {n}: row {row} has id {obj['id']!r} but the regen shards' row {row} has id "
                                          f"{shard_id!r} (regen output of another dataset?)")
                     if st is not None and st != _FAILED:
+                        if row in kept:
+                            _check_kept_prompt(renderer, obj, kept[row], f, n, row)
                         key = next(k for k in LIST_KEYS if k in obj)
                         msgs = obj[key]
                         asst = [i for i, m in enumerate(msgs)

@@ -63,6 +63,42 @@ def test_conversation_jsonl_merges_back_as_conversation_jsonl_with_reasoning_per
     assert after["failing_rows"] == 0, {k: v["count"] for k, v in after["checks"].items() if v["count"]}
 
 
+@pytest.mark.parametrize("ids", [True, False])
+def test_a_conversation_edited_since_the_run_is_refused_by_merge(ids, tok, tmp_path):
+    """Rows are matched to the shards by position (and by id where the records have one). A user
+    message changed after the run, before the first regenerated turn, would get replies written for
+    another history: merge renders the line as the run read it, compares the tokens the run kept,
+    and exits 2 naming the line, with or without ids."""
+    convs = conversations()
+    src = tmp_path / "train.jsonl"
+
+    def write(cs):
+        src.write_text("".join(json.dumps({"id": f"conv-{i}", "messages": m} if ids else {"messages": m}) + "\n"
+                               for i, m in enumerate(cs)))
+
+    write(convs)
+    scan(src, tmp_path / "scan", tok)
+    regen = tmp_path / "regen"
+    with StubServer(tmp_path / "stub", "--zero-latency", *STUB_ANSWERS) as server:
+        r = dqa("regen", src, "--findings", tmp_path / "scan", "-e", server.url, "--out", regen, "--tokenizer", tok)
+    assert r.returncode == 0, r.stderr
+    edited = json.loads(json.dumps(convs))
+    row = DEGENERATE[1]
+    edited[row][0]["content"] = "A different first question."  # before turn 1, the first regenerated turn
+    write(edited)
+    out = tmp_path / "train.v2.jsonl"
+    m = dqa("merge", src, "--regen", regen, "--out", out)
+    assert m.returncode == 2, m.stderr
+    assert m.stderr.strip() == (f"dqa: error: {src}: line {row + 1}: row {row}'s conversation before its first regenerated turn "
+                                "differs from the one the run regenerated from (the dataset changed since the run, or regen "
+                                "output of another dataset?)")
+    assert not out.exists(), "no half-written output"
+    edited[row][0] = convs[row][0]
+    edited[row][-1]["content"] = "An edited final answer."  # after the kept prompt: the regenerated turns replace it anyway
+    write(edited)
+    assert dqa("merge", src, "--regen", regen, "--out", out).returncode == 0
+
+
 def test_rebuild_in_convention_masks_each_convention():
     """The mask kernel on hand-made Qwen3 ids: every turn or the last, the newline after
     <|im_end|> trained (and appended) or not, an untrained <think>\\n after the header."""
