@@ -136,7 +136,14 @@ def _check_identity(run_json: Path, identity: dict[str, Any], keys: tuple[str, .
         old = RunManifest.read(run_json).identity
     except InputError as exc:
         raise InputError(f"{exc} (this folder was not made by this dqa regen: use another --out)") from None
+    sel = old.get("selection")
+    if isinstance(sel, dict) and "turns" not in sel:  # a run from before multi-turn regeneration: the final turn only
+        old = {**old, "selection": {**sel, "turns": "last"}}
     for key in keys:
+        if key == "selection" and isinstance(old.get(key), dict) and old[key].get("turns") != identity[key].get("turns") and \
+                {k: v for k, v in old[key].items() if k != "turns"} == {k: v for k, v in identity[key].items() if k != "turns"}:
+            raise InputError(f"{run_json.parent}: made with --turns {old[key].get('turns')}; rerun with --turns "
+                             f"{old[key].get('turns')} to resume, or use another --out")
         if old.get(key) != identity[key]:
             raise InputError(
                 f"{run_json.parent}: made for a different {key} ({json.dumps(old.get(key), sort_keys=True)[:160]}); "

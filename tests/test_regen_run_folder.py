@@ -92,3 +92,49 @@ def test_flat_keywords_build_the_same_groups():
 def test_each_group_refuses_its_own_bad_options(build, expected):
     with pytest.raises(UsageError, match=expected):
         build()
+
+
+def test_a_run_folder_from_before_multi_turn_resumes_with_turns_last(tmp_path):
+    """A folder written by dqa before multi-turn regeneration (checked by hand with that release: a
+    run killed with SIGKILL mid-way resumed this way, exactly once, and merged) has no ``turns`` in
+    its selection and shards without ``turn``/``turns``/``kept_len``. It regenerated final turns only,
+    so it resumes with ``--turns last``; the default (``flagged``) is refused naming that option,
+    not as "a different selection" that no option could match."""
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    from regen_helpers import degenerate_dataset, write_findings
+    from servers.sglang_contract import StubServer
+
+    def dqa(*args):
+        return subprocess.run([sys.executable, "-m", "dqa.cli", *map(str, args)], capture_output=True, text=True, timeout=240)
+
+    data = degenerate_dataset(tmp_path / "data.parquet", 40)
+    findings = write_findings(tmp_path / "scan", list(range(40)))
+    out = tmp_path / "run"
+    with StubServer(tmp_path / "stub", "--zero-latency") as server:
+        args = ("regen", data, "--findings", findings, "-e", server.url, "--out", out)
+        r = dqa(*args, "--turns", "last")
+        assert r.returncode == 0, r.stderr
+        # Make it the old layout, as a run stopped after 15 rows left it.
+        manifest = json.loads((out / "run.json").read_text())
+        del manifest["identity"]["selection"]["turns"]
+        (out / "run.json").write_text(json.dumps(manifest))
+        shards = sorted((out / "shards").glob("*.parquet"))
+        old = pq.read_table(shards).drop(["turn", "turns", "kept_len"]).sort_by("row").slice(0, 15)
+        for s in shards:
+            s.unlink()
+        pq.write_table(old, out / "shards" / "part-s0of1-000000.parquet")
+
+        r = dqa(*args)
+        assert r.returncode == 2
+        assert r.stderr.strip() == f"dqa: error: {out}: made with --turns last; rerun with --turns last to resume, or use another --out"
+        r = dqa(*args, "--turns", "last")
+        assert r.returncode == 0, r.stderr
+    rows = [r for s in sorted((out / "shards").glob("*.parquet")) for r in pq.read_table(s, columns=["row"]).column("row").to_pylist()]
+    assert sorted(rows) == list(range(40)), "the 15 old rows kept, the 25 others regenerated, each once"
+    m = dqa("merge", data, "--regen", out, "--out", tmp_path / "merged.parquet", "--json")
+    assert m.returncode == 0, m.stderr
+    assert json.loads(m.stdout)["replaced"] == 40
