@@ -40,14 +40,13 @@ from .servers import ENGINES, KINDS
 
 # The launch knowledge of each engine lives in its server kind; these names stay importable here.
 from .servers.sglang import (  # noqa: F401
-    DETERMINISTIC_FLAG, MAMBA_EXTRA_BUFFER_FLAGS, MTP_FLAGS, VERSION_QUERY, installed_sglang_version,
+    DETERMINISTIC_FLAG, MTP_FLAGS, VERSION_QUERY, installed_sglang_version,
     is_hybrid_mamba, wants_extra_buffer,
 )
 from .servers.transformers import transformers_executable  # noqa: F401
 
-# Per engine: the health path `fleet up` waits on, and the protocol its servers speak.
+# Per engine: the health path `fleet up` waits on.
 HEALTH_PATH = {name: KINDS[name].health_paths[0] for name in ENGINES}
-PROTOCOL = {name: KINDS[name].protocol for name in ENGINES}
 STAGE_MARKER = ".dqa-stage.json"
 KILL_WAIT_S = 5.0  # how long a SIGKILLed process may take to disappear before it counts as "not stopped"
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")

@@ -1083,7 +1083,7 @@ def _run_tokenizer(regen: list[Path]) -> str | None:
 
 def _turn_outputs(index: RegenIndex, rows: np.ndarray) -> tuple[dict[int, dict[int, np.ndarray]], dict[int, np.ndarray]]:
     """The output tokens of every recorded turn of ``rows`` (row -> turn (-1: the final one, for
-    shards of runs before multi-turn) -> output), and per row the prompt tokens its first
+    shards of runs before multi-turn and records of one turn of one) -> output), and per row the prompt tokens its first
     regenerated turn kept unchanged from the dataset row (``kept_len``; absent for older shards)."""
     import pyarrow.parquet as pq
 
@@ -1094,12 +1094,14 @@ def _turn_outputs(index: RegenIndex, rows: np.ndarray) -> tuple[dict[int, dict[i
     want = pa.array(np.asarray(rows, dtype=np.int64))
     for p in index.files:
         names = set(pq.read_schema(p).names)
-        cols = ["row", "status", "input_ids", "prompt_len"] + [c for c in ("turn", "kept_len") if c in names]
+        cols = ["row", "status", "input_ids", "prompt_len"] + [c for c in ("turn", "turns", "kept_len") if c in names]
         t = pq.read_table(p, columns=cols)
         t = t.filter(pc.and_(pc.is_in(t.column("row"), value_set=want), pc.not_equal(t.column("status"), ShardStatus.FAILED.value)))
         for rec in t.to_pylist():
             ids = np.asarray(rec["input_ids"], dtype=np.int64)
             row, turn = int(rec["row"]), int(rec["turn"]) if rec.get("turn") is not None else -1
+            if rec.get("turns") == 1:  # the final turn: the only one, or a journal record of a run before multi-turn (0 of 1)
+                turn = -1
             out.setdefault(row, {})[turn] = ids[int(rec["prompt_len"]):]
             if rec.get("kept_len") is not None and (row not in kept or turn < kept[row][0]):
                 kept[row] = (turn, ids[: int(rec["kept_len"])])

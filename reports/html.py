@@ -81,17 +81,19 @@ def find_validation(scan_dir: Path) -> Path | None:
 
 
 def read_shards(regen_dir: Path) -> pl.DataFrame:
-    """``completed_at``, ``output_tokens``, ``status``, ``latency_s`` and ``ends_sample`` of every
-    completed shard row of a regen run. A shard row is one regenerated turn; ``ends_sample`` is
+    """``row``, ``completed_at``, ``output_tokens``, ``status``, ``latency_s`` and ``ends_sample`` of
+    every completed shard row of a regen run. A shard row is one regenerated turn; ``ends_sample`` is
     true where it finishes its sample (the conversation's last turn, or a turn that failed or was
     cut, which ends it; always for shards written before multi-turn regeneration). Raises
     ``InputError`` naming the folder when a shard lacks a column."""
+    from dqa.regen.run_folder import list_shards
+
     folder = regen_dir / "shards"
-    files = sorted(p for p in folder.glob("*.parquet") if not p.name.startswith("."))
-    cols = ["completed_at", "output_tokens", "status", "latency_s"]
+    files = list_shards(regen_dir)  # the shards merge and resume read: not temp files or strays
+    cols = ["row", "completed_at", "output_tokens", "status", "latency_s"]
     if not files:
-        return pl.DataFrame(schema={"completed_at": pl.Datetime("us", "UTC"), "output_tokens": pl.Int64, "status": pl.String,
-                                    "latency_s": pl.Float64, "ends_sample": pl.Boolean})
+        return pl.DataFrame(schema={"row": pl.Int64, "completed_at": pl.Datetime("us", "UTC"), "output_tokens": pl.Int64,
+                                    "status": pl.String, "latency_s": pl.Float64, "ends_sample": pl.Boolean})
     parts = []
     try:
         for f in files:
@@ -135,9 +137,10 @@ def load_inputs(
         if (rd / "progress.json").is_file():
             inputs.progress = _read_json(rd / "progress.json")
         if inputs.after_tokens is None and inputs.shards.height:
+            # Per sample (a multi-turn conversation's regenerated turns summed), like the scan's per-sample counts.
             ok = inputs.shards.filter(pl.col("status") == ShardStatus.OK.value)
-            inputs.after_tokens = ok["output_tokens"].cast(pl.Int64).to_numpy()
-            inputs.after_label = "regenerated rows (output tokens)"
+            inputs.after_tokens = ok.group_by("row").agg(pl.col("output_tokens").cast(pl.Int64).sum())["output_tokens"].to_numpy()
+            inputs.after_label = "regenerated samples (output tokens)"
     vdir = Path(validation_dir) if validation_dir is not None else find_validation(scan)
     if vdir is not None:
         vfile = vdir / "summary.json"

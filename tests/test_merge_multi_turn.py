@@ -153,6 +153,30 @@ def test_the_convention_is_read_from_the_scans_conventions():
     assert old.describe()["eot_trained"] is True and trl.describe()["header_trained"] is True
 
 
+def test_a_journal_record_of_a_run_before_multi_turn_replaces_the_final_assistant_turn(tmp_path):
+    """Before multi-turn regeneration a journal record held 7 fields and meant the final turn; such a
+    record, compacted into a shard on resume, reads as turn 0 of 1. Conversation JSONL merge must
+    put its reply into the last assistant message, not the first."""
+    import json as _json
+    import zlib
+
+    import numpy as np
+
+    from dqa.regen.journal import FIXED, FRAME, decode_segment, results_table, shard_path, write_table
+    from dqa.regen.merge import _turn_outputs, load_regen_index
+
+    meta = _json.dumps(["c", "ok", "stop", None, "e", "m", "{}"]).encode()  # the old 7-field meta
+    prompt, output = np.array([1, 2, 3], np.int32), np.array([7, 8], np.int32)
+    payload = FIXED.pack(3, 11, prompt.size, output.size, 1, 0.1, 1.0) + prompt.tobytes() + output.tobytes() + meta
+    records, torn = decode_segment(FRAME.pack(len(payload), zlib.crc32(payload)) + payload)
+    assert torn == 0 and (records[0].turn, records[0].turns) == (0, 1)
+    (tmp_path / "shards").mkdir()
+    write_table(shard_path(tmp_path, "a", 0), results_table(records))
+    index = load_regen_index([tmp_path])
+    outputs, _ = _turn_outputs(index, index.rows)
+    assert list(outputs[3]) == [-1] and outputs[3][-1].tolist() == [7, 8]
+
+
 def test_a_turn_recorded_twice_is_refused(tmp_path):
     import numpy as np
 

@@ -76,7 +76,7 @@ def test_report_draws_before_after_and_throughput_from_regen_shards(cli, defect_
     assert r.exit_code == 0, r.output
     page = out.read_text()
     assert page.count("<svg") == 3  # histogram, tokens/s over time, completed samples over time
-    assert "regenerated rows (output tokens)" in page and "before (scan)" in page
+    assert "regenerated samples (output tokens)" in page and "before (scan)" in page
     assert "Output tokens per second" in page
     # The throughput line has one point per time bucket: 40 buckets over the 600 s run.
     line = re.search(r'<polyline points="([^"]+)"', page).group(1)
@@ -116,6 +116,7 @@ def test_a_multi_turn_run_counts_samples_once_and_tokens_of_every_turn(tmp_path)
 
     t = np.array([0, 10, 20, 30, 40, 50], dtype="datetime64[s]").astype("datetime64[us]")
     table = pa.table({
+        "row": pa.array([0, 0, 1, 1, 2, 3], pa.int64()),
         "completed_at": pa.array(t, pa.timestamp("us", tz="UTC")),
         "output_tokens": pa.array([10, 20, 30, 40, 50, 60], pa.int32()),
         "status": ["ok", "ok", "ok", "failed", "ok", "ok"],
@@ -124,13 +125,13 @@ def test_a_multi_turn_run_counts_samples_once_and_tokens_of_every_turn(tmp_path)
         "turns": pa.array([3, 3, 3, 3, 1, 1], pa.int32()),
     })
     (tmp_path / "new" / "shards").mkdir(parents=True)
-    pq.write_table(table, tmp_path / "new" / "shards" / "part-000000.parquet")
+    pq.write_table(table, tmp_path / "new" / "shards" / "part-s0of1-000000.parquet")
     shards = read_shards(tmp_path / "new")
     assert shards["ends_sample"].to_list() == [False, True, False, True, True, True]
     xs, tps, done, width = throughput(shards, buckets=5)
     assert done[-1] == 4 and sum(tps) * width == pytest.approx(210)
     (tmp_path / "old" / "shards").mkdir(parents=True)
-    pq.write_table(table.drop(["turn", "turns"]), tmp_path / "old" / "shards" / "part-000000.parquet")
+    pq.write_table(table.drop(["turn", "turns"]), tmp_path / "old" / "shards" / "part-s0of1-000000.parquet")
     assert throughput(read_shards(tmp_path / "old"), buckets=5)[2][-1] == 6
     assert isinstance(shards, pl.DataFrame)
 

@@ -109,7 +109,6 @@ MTP_FLAGS = [
     "--speculative-eagle-topk", "1",
     "--speculative-num-draft-tokens", "4",
 ]  # fmt: skip
-MAMBA_EXTRA_BUFFER_FLAGS = ["--mamba-scheduler-strategy", "extra_buffer"]  # SGLang <= 0.5.13 (see mamba_extra_buffer_flags)
 DETERMINISTIC_FLAG = "--enable-deterministic-inference"  # per-row seeds reproduce outputs (slower sampling)
 VERSION_QUERY = 'import importlib.metadata as m; print(m.version("sglang"))'
 
