@@ -18,7 +18,7 @@ project's notes in shared/SGLANG.md):
   repetition_penalty, presence_penalty, stop, stop_token_ids, skip_special_tokens,
   no_stop_trim, ignore_eos, sampling_seed}, ``rid`` and ``stream``. It replies ``text``,
   ``output_ids`` and ``meta_info`` {id, finish_reason, prompt_tokens, completion_tokens,
-  cached_tokens, e2e_latency, spec_verify_ct, spec_accept_length}.
+  cached_tokens, e2e_latency, and with speculative decoding spec_verify_ct, spec_accept_length}.
 - ``finish_reason`` is ``{"type": "stop", "matched": 151645}`` (the matched stop token id; the
   stop token is the last element of ``output_ids``), ``{"type": "length", "length": N}``, or
   ``{"type": "abort", "message": ..., "status_code": ...}``.
@@ -48,9 +48,14 @@ project's notes in shared/SGLANG.md):
   with an empty body once it generates; ``GET /health`` is 503 while starting, then a cheap 200
   (even when generation is stuck).
 - ``GET /server_info`` (older ``/get_server_info``) carries ``"version"`` next to the server
-  arguments (``context_length``, ``speculative_*``, ``enable_deterministic_inference``, ...);
-  ``GET /model_info`` (older ``/get_model_info``) names the model path and served name;
-  ``max_model_len`` is in ``GET /v1/models`` (``data[0]``) only.
+  arguments (``context_length``: null unless ``--context-length`` was given, ``speculative_*``,
+  ``enable_deterministic_inference``, ...); ``GET /model_info`` (older ``/get_model_info``) names
+  the model path and served name; ``max_model_len`` (always set) is in ``GET /v1/models``
+  (``data[0]``) only.
+- Seen on a real 0.5.23 on the CPU (tests/test_real_sglang_cpu.py): ``meta_info`` has
+  ``spec_verify_ct``/``spec_accept_length`` only with speculative decoding; an error of the chat
+  route is ``{"object": "error", "message": ..., "type": "BadRequestError", "param": null,
+  "code": 400}``; a chat reply's ``model`` echoes the request's ``model``, whatever it names.
 - Launch flags per release (``--sglang-version``): ``--mamba-scheduler-strategy`` up to 0.5.17
   (from 0.5.14 a deprecated alias of ``--mamba-radix-cache-strategy``), an unrecognized argument
   (exit 2) from 0.5.20.
@@ -354,6 +359,11 @@ class State:
         return time.monotonic() < self.ready_at
 
     @property
+    def context_length(self) -> int:
+        """The context the server runs with: --context-length, else the model's (``MODEL_CONTEXT``)."""
+        return self.args.context_length or MODEL_CONTEXT
+
+    @property
     def speculative_reserve(self) -> int:
         """Tokens the length check adds to the prompt (SGLang's compute_num_reserved_tokens)."""
         a = self.args
@@ -404,12 +414,23 @@ def _json(obj: Any, status: int = 200):
                         content_type="application/json")
 
 
+# The context length of the model the stand-in pretends to serve (its config's max_position_embeddings).
+MODEL_CONTEXT = 8192
+
+
 def _bad_request(message: str):
     return _json({"error": {"message": message}}, 400)
 
 
 def _http_error(status: int, message: str):
     return _json({"object": "error", "message": message, "type": str(status), "code": status}, status)
+
+
+def _chat_error(status: int, message: str):
+    """An error of the OpenAI-compatible route, as 0.5.23 sends a 400 (seen on a real server):
+    ``{"object": "error", "message": ..., "type": "BadRequestError", "param": null, "code": 400}``."""
+    kind = {400: "BadRequestError"}.get(status, str(status))
+    return _json({"object": "error", "message": message, "type": kind, "param": None, "code": status}, status)
 
 
 class _Stop(Exception):
@@ -519,7 +540,7 @@ def _validate(st: State, ids: list, sp: dict) -> str | None:
     top_k = sp.get("top_k", -1)
     if not isinstance(top_k, int) or (top_k < 1 and top_k != -1):
         return f"top_k must be -1 (disable), or at least 1, got {top_k}."
-    ctx = st.args.context_length
+    ctx = st.context_length
     n_input = len(ids) + st.speculative_reserve  # speculative decoding keeps output slots for drafts
     if n_input >= ctx:
         return f"The input ({n_input} tokens) is longer than the model's context length ({ctx} tokens)."
@@ -557,7 +578,7 @@ async def _generate_one(st: State, ids: list[int], sp: dict, rid: str) -> dict:
     im_end = QWEN36_IDS[IM_END] if getattr(st.args, "vocab", "qwen3") == "qwen3.6" else IM_END
     max_new = sp.get("max_new_tokens", 128)
     if max_new is None:
-        max_new = st.args.context_length - len(ids)
+        max_new = st.context_length - len(ids)
     stop_ids = set(sp.get("stop_token_ids") or ())
     if not sp.get("ignore_eos"):
         stop_ids.add(im_end)
@@ -605,9 +626,10 @@ async def _generate_one(st: State, ids: list[int], sp: dict, rid: str) -> dict:
             "weight_version": "default",
             "completion_tokens": n_out,
             "cached_tokens": cached,
-            "spec_verify_ct": math.ceil(n_out / accept) if n_out else 0,
-            "spec_accept_length": accept,
             "e2e_latency": e2e,
+            # only with speculative decoding (a real 0.5.23 without it sends neither)
+            **({"spec_verify_ct": math.ceil(n_out / accept) if n_out else 0, "spec_accept_length": accept}
+               if st.args.speculative_algorithm else {}),
         },
     }
 
@@ -620,7 +642,7 @@ def _abort_result(st: State, rid: str, ids: list[int], sp: dict) -> dict:
     return {"text": detokenize(partial), "output_ids": partial, "meta_info": {
         "id": rid, "finish_reason": {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None},
         "prompt_tokens": len(ids), "completion_tokens": len(partial), "cached_tokens": 0, "e2e_latency": 0.0,
-        "spec_verify_ct": 0, "spec_accept_length": 0.0}}
+        **({"spec_verify_ct": 0, "spec_accept_length": 0.0} if st.args.speculative_algorithm else {})}}
 
 
 def _pseudo_ids(text: str) -> list[int]:
@@ -764,13 +786,13 @@ async def handle_chat(request):
         try:
             obj = json.loads(await request.read())
         except ValueError:
-            return _http_error(400, "JSON decode error: the request body is not valid JSON")
+            return _chat_error(400, "JSON decode error: the request body is not valid JSON")
         stream = bool(obj.get("stream"))
         rid = obj.get("rid") if isinstance(obj.get("rid"), str) else None
         await _apply_fault(st, request, fault, rid, stream)
         messages = obj.get("messages")
         if not isinstance(messages, list) or not messages:
-            return _http_error(400, "messages must be a non-empty list")
+            return _chat_error(400, "messages must be a non-empty list")
         ids = [IM_START]
         for m in messages:
             content = m.get("content") if isinstance(m, dict) else None
@@ -778,16 +800,16 @@ async def handle_chat(request):
         ids += [IM_START, 77091, NL]
         ids, want_ids, bad = _chat_token_ids(st, obj, ids, stream)
         if bad:
-            return _http_error(400, bad)
+            return _chat_error(400, bad)
         max_new = obj.get("max_completion_tokens") or obj.get("max_tokens")
         sp = {"max_new_tokens": max_new, "temperature": obj.get("temperature", 1.0),
               "top_p": obj.get("top_p", 1.0), "top_k": obj.get("top_k", -1), "sampling_seed": obj.get("seed")}
         msg = _validate(st, ids, sp)
         if msg:
-            return _http_error(400, msg)
+            return _chat_error(400, msg)
         rid = rid or uuid.uuid4().hex
         if rid in st.inflight:
-            return _http_error(400, f"Duplicate request ID detected: {rid}")
+            return _chat_error(400, f"Duplicate request ID detected: {rid}")
         st.inflight.add(rid)
         rid_seen.append(rid)
         if fault == "abort":
@@ -815,7 +837,8 @@ async def handle_chat(request):
         message = {"role": "assistant", "content": content, "reasoning_content": reasoning, "tool_calls": None}
         usage = {"prompt_tokens": len(ids), "completion_tokens": n_out, "total_tokens": len(ids) + n_out,
                  "prompt_tokens_details": None, "reasoning_tokens": 0}
-        body = {"id": rid, "object": "chat.completion", "created": created, "model": st.args.served_model_name,
+        model = obj.get("model") or st.args.served_model_name  # 0.5.23 echoes the request's model, whatever it names
+        body = {"id": rid, "object": "chat.completion", "created": created, "model": model,
                 "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
                              "matched_stop": matched}], "usage": usage}
         if want_ids:  # 0.5.23 return_token_ids: the prompt as used and the raw output_ids (stop token included)
@@ -826,7 +849,7 @@ async def handle_chat(request):
         resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         chunk = {"id": rid, "object": "chat.completion.chunk", "created": created,
-                 "model": st.args.served_model_name,
+                 "model": model,
                  "choices": [{"index": 0, "delta": {"role": "assistant", "content": content},
                               "finish_reason": None}]}
         await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
@@ -901,7 +924,7 @@ async def handle_models(request):
     st = _state(request)
     return _json({"object": "list", "data": [{
         "id": st.args.served_model_name, "object": "model", "created": int(st.started_at), "owned_by": "sglang",
-        "root": st.args.model_path, "max_model_len": st.args.context_length}]})
+        "root": st.args.model_path, "max_model_len": st.context_length}]})
 
 
 async def handle_metrics(request):
@@ -1030,7 +1053,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--served-model-name", default=None, help="default: the model path")
     p.add_argument("--sglang-version", default=DEFAULT_VERSION,
                    help='the release it stands for: what /server_info reports as "version", and the behaviour that differs by release')
-    p.add_argument("--context-length", type=int, default=8192)
+    p.add_argument("--context-length", type=int, default=None,
+                   help=f"default: the model's own ({MODEL_CONTEXT}); /server_info says null unless given, as 0.5.23 does")
     p.add_argument("--max-running-requests", type=int, default=48)
     p.add_argument("--max-total-tokens", type=int, default=400_000)
     p.add_argument("--enable-metrics", action="store_true")

@@ -1,0 +1,286 @@
+"""Opt-in: `dqa regen` against a REAL SGLang 0.5.23 server running on the CPU.
+
+Everywhere else SGLang is stood in for by tests/servers/sglang_contract.py, because SGLang needs a
+GPU. SGLang 0.5.23 also serves on a CPU (SGLANG_USE_CPU_ENGINE=1, --device cpu, a bounded KV cache),
+with stub torchvision / sgl_kernel packages, but its venv is ~2.7 GB and it takes about a minute to
+start, so this module runs only when asked:
+
+    bash tests/sglang_cpu/setup_sglang_cpu.sh            # once: /work/sglang-cpu-venv (~5 min)
+    DQA_REAL_SGLANG_PYTHON=/work/sglang-cpu-venv/bin/python \
+        .venv-ci/bin/python -m pytest tests/test_real_sglang_cpu.py -v
+
+The server loads the tiny random-weight Qwen3 model from examples/tiny_model.py (real Qwen3
+tokenizer, gibberish text), so every reply runs to --max-new-tokens. What these tests pin down is
+the wire contract dqa relies on, checked against the real server rather than the stub.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SGLANG_VERSION = "0.5.23"
+STARTUP_TIMEOUT_S = 300  # ~60 s seen on 2 cores; the scheduler imports every model class
+MAX_NEW_TOKENS = 32
+ROWS = 4
+PROMPT = [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]  # <|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n
+
+pytestmark = pytest.mark.slow
+
+
+def _sglang_python() -> str:
+    py = os.environ.get("DQA_REAL_SGLANG_PYTHON")
+    if not py:
+        pytest.skip("opt-in: set DQA_REAL_SGLANG_PYTHON to a python with sglang 0.5.23 "
+                    "(see tests/sglang_cpu/setup_sglang_cpu.sh)", allow_module_level=True)
+    try:
+        out = subprocess.run([py, "-c", "import importlib.metadata as m; print(m.version('sglang'))"],
+                             capture_output=True, text=True, timeout=60)
+    except OSError as exc:
+        pytest.skip(f"DQA_REAL_SGLANG_PYTHON={py} does not run: {exc}", allow_module_level=True)
+    version = out.stdout.strip()
+    if out.returncode != 0 or version != SGLANG_VERSION:
+        pytest.skip(f"DQA_REAL_SGLANG_PYTHON={py} has sglang {version or 'missing'}, not {SGLANG_VERSION}",
+                    allow_module_level=True)
+    return py
+
+
+SGLANG_PYTHON = _sglang_python()
+pytest.importorskip("torch", reason="building the tiny model needs torch (pip install -e '.[serve]')")
+pytest.importorskip("transformers", reason="building the tiny model needs transformers")
+
+
+def _free_port() -> int:
+    # SGLang's warm-up request goes to its own --port, so port 0 cannot be passed on: the OS picks one here.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http(url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, str]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A real SGLang 0.5.23 server on the CPU serving the tiny Qwen3 model.
+
+    Yields a dict: url, model, log, health (the /health codes seen while starting), startup_s.
+    The server runs in its own process group, killed whole at the end.
+    """
+    sys.path.insert(0, str(REPO / "examples"))
+    from tiny_model import build_tiny_qwen3
+
+    try:
+        model = build_tiny_qwen3(tmp_path_factory.mktemp("models") / "tiny-qwen3")
+    except RuntimeError as exc:
+        pytest.skip(f"cannot build the tiny model: {exc}")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path_factory.mktemp("sglang") / "server.log"
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
+    cmd = [SGLANG_PYTHON, "-m", "sglang.launch_server", "--model-path", str(model), "--device", "cpu",
+           "--host", "127.0.0.1", "--port", str(port), "--max-total-tokens", "4096"]
+    t0 = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    health: list[int] = []
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=5) as r:
+                    health.append(r.status)
+            except urllib.error.HTTPError as exc:
+                health.append(exc.code)
+            except OSError:
+                pass  # not listening yet
+            if health and health[-1] == 200:
+                break
+            if proc.poll() is not None:
+                pytest.fail(f"SGLang exited with {proc.returncode} while starting:\n"
+                            + log_path.read_text(errors="replace")[-4000:])
+            if time.monotonic() - t0 > STARTUP_TIMEOUT_S:
+                pytest.fail(f"SGLang not healthy after {STARTUP_TIMEOUT_S} s:\n"
+                            + log_path.read_text(errors="replace")[-4000:])
+            time.sleep(0.25)
+        yield {"url": url, "model": str(model), "log": log_path, "health": health,
+               "startup_s": time.monotonic() - t0}
+    finally:
+        # The whole group: launch_server forks a scheduler, a detokenizer and a resource tracker.
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # stragglers (or a parent that ignored SIGTERM)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """A 4-row thinking-off dataset and a findings file flagging every row."""
+    from regen_helpers import degenerate_dataset, write_findings
+
+    d = tmp_path_factory.mktemp("regen-inputs")
+    data = degenerate_dataset(d / "data.parquet", ROWS)
+    write_findings(d / "scan", list(range(ROWS)))
+    return data, d / "scan"
+
+
+def _regen(server, inputs, out: Path, *extra: str) -> dict:
+    data, scan = inputs
+    proc = subprocess.run(
+        [sys.executable, "-m", "dqa.cli", "regen", str(data), "--findings", str(scan), "-e", server["url"],
+         "--out", str(out), "--max-new-tokens", str(MAX_NEW_TOKENS), "--tokenizer", server["model"], *extra],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    from regen_helpers import read_shards
+
+    run = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else None
+    rows = read_shards(out).to_pylist() if run is not None else []
+    return {"proc": proc, "run": run, "rows": rows}
+
+
+@pytest.fixture(scope="module")
+def sglang_run(server, inputs, tmp_path_factory):
+    return _regen(server, inputs, tmp_path_factory.mktemp("out") / "sglang")
+
+
+@pytest.fixture(scope="module")
+def openai_run(server, inputs, tmp_path_factory):
+    return _regen(server, inputs, tmp_path_factory.mktemp("out") / "openai", "--protocol", "openai")
+
+
+def _assert_rows_ok_or_length(result):
+    assert result["proc"].returncode == 0, result["proc"].stdout + result["proc"].stderr
+    rows = result["rows"]
+    assert sorted(r["row"] for r in rows) == list(range(ROWS))
+    for r in rows:
+        assert r["status"] in ("ok", "length"), r
+        assert r["error"] is None, r
+        assert 0 < r["output_tokens"] <= MAX_NEW_TOKENS, r
+        assert len(r["input_ids"]) == r["prompt_len"] + r["output_tokens"], r
+        assert r["loss_mask"] == [0] * r["prompt_len"] + [1] * r["output_tokens"], r
+
+
+def _server_facts(result, server) -> dict:
+    return result["run"]["servers"][server["url"]]
+
+
+# --- start-up --------------------------------------------------------------------------------
+
+
+def test_health_is_503_while_the_server_warms_up_then_200(server):
+    codes = server["health"]
+    assert codes[-1] == 200
+    assert set(codes[:-1]) <= {503}, codes
+    assert 503 in codes, f"no 503 seen before 200 (codes {codes}): SGLANG.md says /health is 503 while starting"
+
+
+# --- dqa regen, protocol sglang (/generate) --------------------------------------------------
+
+
+def test_sglang_protocol_regen_exits_0_with_every_row_ok_or_length_within_max_new_tokens(sglang_run):
+    _assert_rows_ok_or_length(sglang_run)
+
+
+def test_sglang_protocol_run_json_records_version_context_no_reserve_and_seed_not_applied(sglang_run, server):
+    facts = _server_facts(sglang_run, server)
+    assert facts["server"] == "sglang"
+    assert facts["version"] == SGLANG_VERSION
+    assert facts["context_length"] == 4096  # /v1/models max_model_len (server_info context_length is null)
+    assert facts["speculative_reserve"] == 0
+    assert facts["seed_applied"] is False  # no --enable-deterministic-inference
+    assert facts["openai_route"] is None
+    assert sglang_run["run"]["seed_applied"] is False
+
+
+# --- dqa regen, protocol openai (/v1/chat/completions) ---------------------------------------
+
+
+def test_openai_protocol_regen_exits_0_with_every_row_ok_or_length_within_max_new_tokens(openai_run):
+    _assert_rows_ok_or_length(openai_run)
+
+
+def test_openai_protocol_finds_the_0_5_23_chat_route_token_exact(openai_run, server):
+    facts = _server_facts(openai_run, server)
+    assert facts["openai_route"] == "token-exact"
+    assert facts["version"] == SGLANG_VERSION
+    assert facts["context_length"] == 4096
+    assert facts["seed_applied"] is False
+
+
+# --- the wire shapes dqa's error handling relies on ------------------------------------------
+
+
+def test_unknown_sampling_params_key_is_a_400_whose_error_is_a_string_naming_the_field(server):
+    status, body = _http(server["url"] + "/generate",
+                         {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4, "bogus_key": 1}})
+    assert status == 400
+    err = json.loads(body)["error"]
+    assert isinstance(err, str)
+    assert err.startswith("unknown field `bogus_key`, expected one of `max_new_tokens`, ")
+
+
+def test_prompt_plus_max_new_tokens_over_the_context_is_a_400_with_an_error_message_object(server):
+    status, body = _http(server["url"] + "/generate",
+                         {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4096 - len(PROMPT) + 1}})
+    assert status == 400
+    assert json.loads(body)["error"]["message"].startswith(
+        "Requested token count exceeds the model's maximum context length of 4096 tokens.")
+
+
+def test_generate_reply_carries_output_ids_and_a_stop_finish_reason_naming_the_matched_token(server):
+    # Greedy, and stop on the first token greedy decoding produces: finish_reason stop, stop token kept.
+    status, body = _http(server["url"] + "/generate",
+                         {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+    assert status == 200
+    first = json.loads(body)["output_ids"][0]
+    status, body = _http(server["url"] + "/generate",
+                         {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 8, "temperature": 0,
+                                                                   "stop_token_ids": [first]}})
+    reply = json.loads(body)
+    assert status == 200
+    assert reply["output_ids"] == [first]
+    assert reply["meta_info"]["finish_reason"] == {"type": "stop", "matched": first}
+
+
+def test_chat_route_with_return_token_ids_returns_prompt_and_response_token_ids(server):
+    status, body = _http(server["url"] + "/v1/chat/completions",
+                         {"model": server["model"], "messages": [{"role": "user", "content": "Hello"}],
+                          "input_ids": PROMPT, "return_token_ids": True, "max_tokens": 4})
+    assert status == 200
+    choice = json.loads(body)["choices"][0]
+    assert choice["prompt_token_ids"] == PROMPT
+    assert len(choice["response_token_ids"]) == 4
+    assert choice["finish_reason"] == "length"
+
+
+def test_chat_route_rejects_return_token_ids_with_stream_as_a_400(server):
+    status, body = _http(server["url"] + "/v1/chat/completions",
+                         {"model": server["model"], "messages": [{"role": "user", "content": "Hello"}],
+                          "input_ids": PROMPT, "return_token_ids": True, "max_tokens": 4, "stream": True})
+    assert status == 400
+    assert json.loads(body)["message"].startswith("return_token_ids is not supported with streaming")
