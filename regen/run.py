@@ -369,6 +369,24 @@ def _open_and_select(c: RegenConfig) -> _Inputs:
     return _Inputs(ds, num_rows, findings, rows_all, rows, early_spec, identity)
 
 
+def _warn_thinking_off(inputs: _Inputs, failed_only: bool, log: Callable[[str], None]) -> None:
+    """Say so when the scan found a thinking-off set (``thinking_expected`` false: almost no
+    sample thinks, as LLaMA-Factory data rendered with empty think blocks) and only its flagged
+    rows are regenerated: those come back thinking, the rest do not, and a rescan of the merged
+    set then expects thinking and flags every untouched sample's empty think block."""
+    if not failed_only or inputs.rows.size == 0 or inputs.rows.size >= inputs.num_rows:
+        return
+    folder = inputs.findings if inputs.findings.is_dir() else inputs.findings.parent
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(summary, dict) and summary.get("thinking_expected") is False:
+        log(f"note: the scan found thinking not expected in this set (no or almost no sample thinks); the {inputs.rows.size:,} "
+            f"regenerated rows will think and the other {inputs.num_rows - inputs.rows.size:,} will not, so a rescan of the "
+            "merged set will flag their empty think blocks (empty_thinking): regenerate every row (--all) for one mode")
+
+
 def _load_template(c: RegenConfig, inputs: _Inputs, protocol_name: str, sampling: Sampling) -> Any:
     """The chat format (the one the dataset was read with, else ``--tokenizer``); adds the
     identity's sampling part (parameters, seed base, assistant header, generation prompt). Returns
@@ -583,6 +601,7 @@ def _regenerate(config: RegenConfig) -> RunResult:
     if not remote:  # a bad --out is refused before any input is read or any tokenizer loaded
         _check_out_folder(local_path(c.output.out))
     inputs = _open_and_select(c)
+    _warn_thinking_off(inputs, c.selection.failed_only, log)
     if not remote:  # a folder made for another dataset or selection: refused before the template is read
         _check_identity(RunFolder(local_path(c.output.out)).run_json, inputs.identity, ("dataset", "selection"))
     sampling = c.sampling.sampling()

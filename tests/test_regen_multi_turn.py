@@ -228,6 +228,60 @@ def test_axolotl_train_on_eos_none_merges_back_with_every_end_of_turn_untrained(
     assert after["failing_rows"] == 0, {k: v["count"] for k, v in after["checks"].items() if v["count"]}
 
 
+def labels_set(tool: str, model, path: Path) -> Path:
+    """The conversations as ``tool`` tokenizes them (tests/peer_conventions): ``labels`` with -100."""
+    rows = [r for m in conversations() for r in build_rows(tool, model, m)]
+    assert len(rows) == N
+    pq.write_table(pa.table({"id": [f"conv-{i}" for i in range(N)],
+                             "input_ids": pa.array([r[0] for r in rows], pa.list_(pa.int32())),
+                             "labels": pa.array([r[1] for r in rows], pa.list_(pa.int32()))}), path)
+    return path
+
+
+@pytest.mark.parametrize("tool", ["trl", "axolotl"])
+def test_labels_sets_of_trl_and_axolotl_merge_back_in_their_own_convention(tool, qwen3, tmp_path):
+    """Sets built by TRL's and axolotl's own rules (labels, -100 outside the trained spans; every
+    assistant turn trained; TRL trains the newline after <|im_end|>, axolotl does not): the flagged
+    turns regenerate, merge writes labels back in the input's convention, and the rescan reports
+    the same conventions and nothing failing."""
+    tok, model = qwen3
+    src = labels_set(tool, model, tmp_path / "train.parquet")
+    before = scan(src, tmp_path / "scan", tok)
+    assert before["failing_rows"] == len(DEGENERATE), {k: v["count"] for k, v in before["checks"].items() if v["count"]}
+    assert before["conventions"]["trained_turns"] == "all"
+    regen, merged, after = regen_merge_rescan(tmp_path, "qwen3", src, tok, tmp_path / "scan")
+    assert merged["replaced"] == len(DEGENERATE)
+    back = pq.read_table(tmp_path / "merged.parquet").column("labels").to_pylist()
+    assert all(set(lab) - {-100} for lab in back) and all(min(lab) >= -100 for lab in back)
+    same_conventions(before, after)
+    for key in ("header_trained", "eot_trained"):
+        assert after["conventions"][key] == before["conventions"][key], key
+    assert after["failing_rows"] == 0, {k: v["count"] for k, v in after["checks"].items() if v["count"]}
+
+
+def test_a_thinking_off_llamafactory_set_is_told_that_failed_only_mixes_modes_and_regenerates_whole(qwen3, tmp_path):
+    """LLaMA-Factory renders these Qwen3 conversations with an empty think block in every turn: a
+    thinking-off set (the scan infers thinking not expected and flags only the "OK." turns).
+    Regenerating only those (thinking on) would leave a set of both modes, whose rescan expects
+    thinking and flags every untouched sample: regen says so. Regenerating every row and turn
+    (--all --turns all) gives one mode, and the merged set rescans with the input's conventions
+    and nothing failing."""
+    tok, model = qwen3
+    src = labels_set("llamafactory", model, tmp_path / "train.parquet")
+    before = scan(src, tmp_path / "scan", tok)
+    assert before["thinking_expected"] is False and before["failing_rows"] == len(DEGENERATE)
+    with StubServer(tmp_path / "stub", "--zero-latency", *STUB_ANSWERS) as server:
+        r = dqa("regen", src, "--findings", tmp_path / "scan", "-e", server.url, "--out", tmp_path / "flagged", "--tokenizer", tok)
+    assert r.returncode == 0, r.stderr
+    assert (f"note: the scan found thinking not expected in this set (no or almost no sample thinks); the {len(DEGENERATE)} "
+            f"regenerated rows will think and the other {N - len(DEGENERATE)} will not") in r.stderr
+    regen, merged, after = regen_merge_rescan(tmp_path, "qwen3", src, tok, tmp_path / "scan", "--all", "--turns", "all")
+    assert merged["replaced"] == N
+    same_conventions(before, after)
+    assert after["thinking_expected"] is True
+    assert after["failing_rows"] == 0, {k: v["count"] for k, v in after["checks"].items() if v["count"]}
+
+
 @pytest.mark.parametrize("route", ["token-exact", "text"])
 def test_flagged_turns_regenerate_over_the_openai_route_and_merge_back(route, qwen3, tmp_path):
     """``--protocol openai`` on the same SpecForge Qwen3 set: SGLang 0.5.23's chat route takes each
