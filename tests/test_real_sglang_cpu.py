@@ -5,8 +5,8 @@ GPU. SGLang 0.5.23 also serves on a CPU (SGLANG_USE_CPU_ENGINE=1, --device cpu, 
 with stub torchvision / sgl_kernel packages, but its venv is ~2.7 GB and it takes about a minute to
 start, so this module runs only when asked:
 
-    bash tests/sglang_cpu/setup_sglang_cpu.sh            # once: /work/sglang-cpu-venv (~5 min)
-    DQA_REAL_SGLANG_PYTHON=/work/sglang-cpu-venv/bin/python \
+    bash tests/sglang_cpu/setup_sglang_cpu.sh            # once: .venv-sglang-cpu (~5 min)
+    DQA_REAL_SGLANG_PYTHON=.venv-sglang-cpu/bin/python \
         .venv-ci/bin/python -m pytest tests/test_real_sglang_cpu.py -v
 
 The server loads the tiny random-weight Qwen3 model from examples/tiny_model.py (real Qwen3
@@ -44,6 +44,7 @@ def _sglang_python() -> str:
     if not py:
         pytest.skip("opt-in: set DQA_REAL_SGLANG_PYTHON to a python with sglang 0.5.23 "
                     "(see tests/sglang_cpu/setup_sglang_cpu.sh)", allow_module_level=True)
+    py = os.path.abspath(py)  # not resolve(): a venv's python is a symlink to the base interpreter
     try:
         out = subprocess.run([py, "-c", "import importlib.metadata as m; print(m.version('sglang'))"],
                              capture_output=True, text=True, timeout=60)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create a CPU-only SGLang 0.5.23 venv for the opt-in tests/test_real_sglang_cpu.py.
 #
-#   bash tests/sglang_cpu/setup_sglang_cpu.sh [VENV]        (default /work/sglang-cpu-venv)
+#   bash tests/sglang_cpu/setup_sglang_cpu.sh [VENV]        (default .venv-sglang-cpu)
 #
 # Seen on 2026-12-02 (2 cores, Python 3.11.7, pip's local torch 2.13.0 CPU wheel): about 3 min (170 s),
 # 2.8 GB venv. How it works around SGLang's GPU-only pins:
@@ -20,7 +20,7 @@
 # (without --max-total-tokens the scheduler reserves ~15 GB of KV cache and is killed).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-VENV="${1:-/work/sglang-cpu-venv}"
+VENV="${1:-.venv-sglang-cpu}"
 PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null || PY=python3
 start=$(date +%s)
