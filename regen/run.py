@@ -140,15 +140,17 @@ def _check_identity(run_json: Path, identity: dict[str, Any], keys: tuple[str, .
     if isinstance(sel, dict) and "turns" not in sel:  # a run from before multi-turn regeneration: the final turn only
         old = {**old, "selection": {**sel, "turns": "last"}}
     for key in keys:
-        if key == "selection" and isinstance(old.get(key), dict) and old[key].get("turns") != identity[key].get("turns") and \
-                {k: v for k, v in old[key].items() if k != "turns"} == {k: v for k, v in identity[key].items() if k != "turns"}:
-            raise InputError(f"{run_json.parent}: made with --turns {old[key].get('turns')}; rerun with --turns "
-                             f"{old[key].get('turns')} to resume, or use another --out")
-        if old.get(key) != identity[key]:
-            raise InputError(
-                f"{run_json.parent}: made for a different {key} ({json.dumps(old.get(key), sort_keys=True)[:160]}); "
-                f"use another --out, or rerun with the original options to resume"
-            )
+        if old.get(key) == identity[key]:
+            continue
+        if key == "selection" and isinstance(old.get(key), dict):
+            turns = old[key].get("turns")
+            if {**old[key], "turns": None} == {**identity[key], "turns": None}:  # only --turns differs: name it
+                raise InputError(f"{run_json.parent}: made with --turns {turns}; rerun with --turns {turns} to resume, "
+                                 "or use another --out")
+        raise InputError(
+            f"{run_json.parent}: made for a different {key} ({json.dumps(old.get(key), sort_keys=True)[:160]}); "
+            f"use another --out, or rerun with the original options to resume"
+        )
 
 
 def _make_protocol(protocol_name: str, spec, sampling: Sampling, model: str):
