@@ -66,6 +66,14 @@ def main() -> None:
     signal.signal(signal.SIGTERM, interrupt_handler)
     try:
         app()
+    except KeyboardInterrupt:
+        # A signal while typer builds the command tree (before any command body, so nothing is open
+        # or written yet): the same one line and exit 3 as a command that was stopped.
+        stop_interrupts()
+        import sys
+
+        print("dqa: error: interrupted", file=sys.stderr)
+        raise SystemExit(3) from None
     except SystemExit as exc:
         stop_interrupts()
         if exc.code != 130:
