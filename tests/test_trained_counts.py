@@ -1,8 +1,8 @@
 """The scan's sparse count of trained tokens equals the dense prefix sum it replaced.
 
 ``_TrainedCounts`` answers "how many trained tokens before position p" and "where is the last
-trained token before e" from the positions of the rarer of trained and untrained tokens; both
-answers must equal those of ``cumsum(mask)`` for every position, whichever side is rarer.
+trained token before e" from the runs of equal mask values; both answers must equal those of
+``cumsum(mask)`` for every position, whatever the runs (first run trained or not, one run, none).
 """
 
 from __future__ import annotations
@@ -33,12 +33,22 @@ def test_counts_and_last_trained_position_equal_the_dense_prefix_sum(bits, densi
     assert counts.last_before(p).tolist() == last.tolist()
 
 
-def test_both_representations_are_exercised():
+def test_edge_masks_equal_the_dense_prefix_sum():
     mostly = np.ones(50, dtype=bool)
     mostly[[0, 1, 7, 8, 9, 49]] = False
-    assert _TrainedCounts(mostly).by_untrained and not _TrainedCounts(~mostly).by_untrained
-    for mask in (mostly, ~mostly, np.zeros(0, dtype=bool), np.zeros(5, dtype=bool), np.ones(5, dtype=bool)):
+    alternating = np.arange(9) % 2 == 0
+    cases = (mostly, ~mostly, alternating, ~alternating, np.zeros(0, dtype=bool), np.zeros(1, dtype=bool),
+             np.ones(1, dtype=bool), np.zeros(5, dtype=bool), np.ones(5, dtype=bool))
+    for mask in cases:
         cs, last = dense(mask.astype(np.uint8))
         p = np.arange(mask.size + 1)
         assert _TrainedCounts(mask)[p].tolist() == cs.tolist()
         assert _TrainedCounts(mask).last_before(p).tolist() == last.tolist()
+
+
+def test_runs_are_few_for_a_chat_mask():
+    """A trained span per turn is two runs, whatever its length: the counts' size follows turns, not tokens."""
+    mask = np.zeros(10_000, dtype=bool)
+    for a in (100, 3_000, 7_000):
+        mask[a : a + 900] = True
+    assert _TrainedCounts(mask).starts.size == 7
