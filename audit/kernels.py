@@ -196,25 +196,6 @@ class _TrainedCounts:
         return np.where(run >= 0, out, -1)
 
 
-def _segment_sums(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Wrapping uint64 sum of ``values[lo[r]:hi[r]]`` per segment (0 for empty segments).
-
-    Segments are sorted and disjoint (``hi[r] <= lo[r+1]``), with or without gaps between them.
-    """
-    out = np.zeros(len(lo), dtype=np.uint64)
-    nonempty = np.flatnonzero(hi > lo)
-    if nonempty.size:
-        # reduceat sums from each index to the next: interleave starts and ends, keep the sums that
-        # start at a segment start (those starting at a segment end cover the gaps, or are one
-        # value where a gap is empty).
-        a, b = lo[nonempty], hi[nonempty]
-        idx = np.empty(2 * a.size - 1, dtype=np.int64)
-        idx[0::2] = a
-        idx[1::2] = b[:-1]
-        out[nonempty] = np.add.reduceat(values[: b[-1]], idx)[0::2]
-    return out
-
-
 def _weighted(tokens_mix: np.ndarray, tables: KernelTables) -> np.ndarray:
     """``mix_i * K**i`` over the sequence: the terms every range hash of it sums."""
     p, _ = tables.powers(tokens_mix.size + 1)
@@ -235,27 +216,34 @@ def _finish_hash(sums: np.ndarray, lo: np.ndarray, hi: np.ndarray, tables: Kerne
     return h
 
 
-def _range_hash(weighted: np.ndarray, lo: np.ndarray, hi: np.ndarray, tables: KernelTables) -> np.ndarray:
-    """Order-sensitive 64-bit hash of each of the sorted, disjoint ranges ``[lo[r], hi[r])`` (gaps
-    allowed) of a sequence whose ``_weighted`` terms are ``weighted``: ``sum_i mix_i * K**i`` with
-    ``i`` counted from the range start, mixed with the length; 0 for an empty range."""
-    return _finish_hash(_segment_sums(weighted, lo, hi), lo, hi, tables)
+class _RangeSums:
+    """Wrapping uint64 sums of ``values`` over any ranges whose ends are among ``points``.
+
+    One ``reduceat`` pass over the data gives the sums between consecutive points, a running sum
+    over those the prefix ``W(x) = values[:x].sum()`` at every point, and each range is
+    ``W(hi) - W(lo)`` (exact in wrapping arithmetic). However many range sets a batch asks for
+    (rows, turns, what precedes each turn), the data is read once.
+    """
+
+    def __init__(self, values: np.ndarray, points: np.ndarray):
+        self.points = np.unique(np.concatenate(([0], points)))  # sorted; 0 <= point <= values.size
+        self.prefix = np.zeros(self.points.size, dtype=np.uint64)
+        inner = self.points[self.points < values.size]
+        if inner.size:
+            between = np.add.reduceat(values, inner)  # values[p_i:p_i+1], the last to the end
+            np.cumsum(between[: self.points.size - 1], out=self.prefix[1:])
+
+    def __call__(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """Sum of ``values[lo[r]:hi[r]]`` per range (0 for an empty one); every end must be a point."""
+        at = self.prefix
+        return at[np.searchsorted(self.points, hi)] - at[np.searchsorted(self.points, lo)]
 
 
-def _prefix_range_hash(weighted: np.ndarray, first: np.ndarray, lo: np.ndarray, group_start: np.ndarray,
-                       tables: KernelTables) -> np.ndarray:
-    """``_range_hash`` of the ranges ``[first[j], lo[j])``, which overlap: entries ``j`` are grouped
-    (a row's trained turns), sorted, each group sharing its ``first`` and with ``lo`` non-decreasing;
-    ``group_start[j]`` is the index of the first entry of ``j``'s group. The sums come from the
-    disjoint pieces ``[lo[j-1], lo[j])`` (``[first, lo[j])`` for a group's first entry) and a
-    running total over the pieces of a group, so the data is summed once."""
-    if len(lo) == 0:
-        return np.zeros(0, dtype=np.uint64)
-    piece_lo = np.where(np.arange(len(lo)) == group_start, first, np.concatenate((first[:1], lo[:-1])))
-    pieces = _segment_sums(weighted, piece_lo, lo)
-    running = np.zeros(len(lo) + 1, dtype=np.uint64)
-    np.cumsum(pieces, out=running[1:])
-    return _finish_hash(running[1:] - running[group_start], first, lo, tables)
+def _range_hash(sums: _RangeSums, lo: np.ndarray, hi: np.ndarray, tables: KernelTables) -> np.ndarray:
+    """Order-sensitive 64-bit hash of each range ``[lo[r], hi[r])`` of a sequence whose ``_weighted``
+    terms ``sums`` adds up: ``sum_i mix_i * K**i`` with ``i`` counted from the range start, mixed
+    with the length; 0 for an empty range. Ranges may overlap."""
+    return _finish_hash(sums(lo, hi), lo, hi, tables)
 
 
 def _hash_ngrams(sup_mix: np.ndarray, pos: np.ndarray) -> np.ndarray:
@@ -347,38 +335,65 @@ def _segments_repeat_share(sup_mix: np.ndarray, pos: np.ndarray, h: np.ndarray, 
 
 def _row_and_turn_repeat_shares(sup_mix: np.ndarray, pos: np.ndarray, h: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                                 t_lo: np.ndarray, t_hi: np.ndarray, t_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``_segments_repeat_share`` of the rows ``[lo, hi)`` and of the turns ``[t_lo, t_hi)`` (sorted,
-    disjoint, each inside its row ``t_row``), from one sort of the sampled 8-grams.
+    """``_segments_repeat_share`` of the rows ``[lo, hi)`` (sorted, disjoint) and of the turns
+    ``[t_lo, t_hi)`` (sorted, disjoint, each inside its row ``t_row``; none is fine), from one sort
+    of the sampled 8-grams (``pos`` sorted, ``h``: ``_anchor_ngrams``).
 
     The sort key is (row, hash, turn within the row): an 8-gram repeats one of its row when the
-    (row, hash) part equals its predecessor's, and one of its turn when the whole key does. Where
+    (row, hash) part equals its predecessor's, and one of its turn when the whole key does.
+
+    Which row and turn hold an 8-gram whole is a step function of its start, changing only at the
+    rows' and turns' starts and at the last start that leaves room for 8 tokens. It is evaluated
+    at those few points, and each sampled 8-gram takes the value of the step it falls in (one
+    ``np.repeat``); the counts per row and turn come from the steps, not from the 8-grams. Where
     the rows' and turns' indices do not fit beside the 40 hash bits, two sorts are made instead.
     """
     n, m = len(lo), len(t_lo)
-    if sup_mix.size < NGRAM or n == 0 or m == 0:
-        return _segments_repeat_share(sup_mix, pos, h, lo, hi), np.zeros(m, dtype=np.float64)
+    if sup_mix.size < NGRAM or n == 0:
+        return np.zeros(n, dtype=np.float64), np.zeros(m, dtype=np.float64)
+    row_first_turn = np.searchsorted(t_row, np.arange(n), side="left")  # index of each row's first turn
+    tbits = int(np.bincount(t_row, minlength=1).max()).bit_length() if m else 0  # 1-based turn within its row
+    rbits = n.bit_length()  # row n: starts no row holds whole
+    if rbits + tbits > KEY_INDEX_BITS:
+        return _row_and_turn_repeat_shares_by_two_sorts(sup_mix, pos, h, lo, hi, t_lo, t_hi, t_row)
+    T, H = np.uint64(tbits), np.uint64(40 + tbits)
+    steps = np.unique(np.maximum(np.concatenate(([0], lo, hi - (NGRAM - 1), t_lo, t_hi - (NGRAM - 1))), 0))
+    r = np.searchsorted(lo, steps, side="right") - 1
+    in_row = (r >= 0) & (steps + NGRAM <= hi[np.maximum(r, 0)])
+    j = np.searchsorted(t_lo, steps, side="right") - 1
+    in_turn = in_row & (j >= 0) & (steps + NGRAM <= t_hi[np.maximum(j, 0)]) if m else np.zeros(steps.size, dtype=bool)
+    local = np.where(in_turn, j - row_first_turn[np.maximum(r, 0)] + 1, 0).astype(np.uint64)
+    label = np.where(in_row, (np.maximum(r, 0).astype(np.uint64) << H) | local, np.uint64(n) << H)
+    per_step = np.diff(np.searchsorted(pos, steps, side="left"), append=pos.size)  # sampled 8-grams per step
+    key = np.repeat(label, per_step)
+    key |= (h >> np.uint64(24)) << T
+    key.sort()
+    key = key[: int(per_step[in_row].sum())]  # those no row holds (row n) sort last
+    total = np.bincount(r[in_row], weights=per_step[in_row], minlength=n).astype(np.int64)
+    t_total = np.bincount(j[in_turn], weights=per_step[in_turn], minlength=m).astype(np.int64)
+    same_row_hash = (key[1:] >> T) == (key[:-1] >> T)
+    dups = np.bincount((key[1:][same_row_hash] >> H).astype(np.int64), minlength=n)
+    later = key[1:][same_row_hash & (key[1:] == key[:-1])]
+    turn_bits = np.uint64((1 << tbits) - 1)
+    later = later[(later & turn_bits) != 0]  # a repeat inside a turn
+    turn = row_first_turn[(later >> H).astype(np.int64)] + (later & turn_bits).astype(np.int64) - 1
+    t_dups = np.bincount(turn, minlength=m)
+    return _shares(sup_mix, total, dups, lo, hi), _shares(sup_mix, t_total, t_dups, t_lo, t_hi)
+
+
+def _row_and_turn_repeat_shares_by_two_sorts(sup_mix: np.ndarray, pos: np.ndarray, h: np.ndarray, lo: np.ndarray,
+                                             hi: np.ndarray, t_lo: np.ndarray, t_hi: np.ndarray,
+                                             t_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``_row_and_turn_repeat_shares`` with a sort for the rows and one for the turns: for batches
+    whose row and turn indices do not fit in a sort key beside the hash bits."""
+    n, m = len(lo), len(t_lo)
     seg, inside = _segment_of(pos, lo, hi)
     pos, h, seg = pos[inside], h[inside], seg[inside]
+    total, dups = _repeat_counts(seg, h, n)
+    if m == 0:
+        return _shares(sup_mix, total, dups, lo, hi), np.zeros(0, dtype=np.float64)
     tseg, t_inside = _segment_of(pos, t_lo, t_hi)
-    row_first_turn = np.searchsorted(t_row, np.arange(n), side="left")  # index of each row's first turn
-    local = np.where(t_inside, tseg - row_first_turn[seg] + 1, 0)  # 1-based turn of the 8-gram within its row; 0: none
-    tbits = int(local.max()).bit_length() if local.size else 0
-    rbits = max(n - 1, 0).bit_length()
-    if rbits + tbits > KEY_INDEX_BITS:
-        total, dups = _repeat_counts(seg, h, n)
-        t_total, t_dups = _repeat_counts(tseg[t_inside], h[t_inside], m)
-    else:
-        T, H = np.uint64(tbits), np.uint64(40 + tbits)
-        key = (seg.astype(np.uint64) << H) | ((h >> np.uint64(24)) << T) | local.astype(np.uint64)
-        key.sort()
-        total = np.bincount(seg, minlength=n)
-        same_row_hash = (key[1:] >> T) == (key[:-1] >> T)
-        dups = np.bincount((key[1:][same_row_hash] >> H).astype(np.int64), minlength=n)
-        later = key[1:][same_row_hash & (key[1:] == key[:-1])]
-        later = later[(later & np.uint64((1 << tbits) - 1)) != 0]  # a repeat inside a turn
-        turn = row_first_turn[(later >> H).astype(np.int64)] + (later & np.uint64((1 << tbits) - 1)).astype(np.int64) - 1
-        t_total = np.bincount(tseg[t_inside], minlength=m)
-        t_dups = np.bincount(turn, minlength=m)
+    t_total, t_dups = _repeat_counts(tseg[t_inside], h[t_inside], m)
     return _shares(sup_mix, total, dups, lo, hi), _shares(sup_mix, t_total, t_dups, t_lo, t_hi)
 
 
@@ -639,17 +654,15 @@ def batch_metrics_and_turns(batch: TokenBatch, tables: KernelTables) -> tuple[di
     sup_ids = ids[mb]
     sup_mix = lookup(tables.mix_table, sup_ids)
     sup_bounds = cs_mask[offs]
-    weighted = _weighted(sup_mix, tables)
-    supervised_hash = _range_hash(weighted, sup_bounds[:-1], sup_bounds[1:], tables)
     # A turn's supervised span in the supervised sequence, and what comes before the turn in the
     # row (its prompt: the conversation so far, header included) in both sequences.
     t_lo, t_hi, t_first = cs_mask[rs], cs_mask[re_], sup_bounds[t_row]
-    group = np.searchsorted(t_row, t_row, side="left")  # each trained turn's row's first trained turn
     tr_n = t_row.size
-    if tr_n:  # trained turns' regions are sorted and disjoint in the supervised sequence
-        turns["supervised_hash"] = _range_hash(weighted, t_lo, t_hi, tables)
-        sup_before = _prefix_range_hash(weighted, t_first, t_lo, group, tables)
-    del weighted
+    sums = _RangeSums(_weighted(sup_mix, tables), np.concatenate((sup_bounds, t_lo, t_hi)))
+    supervised_hash = _range_hash(sums, sup_bounds[:-1], sup_bounds[1:], tables)
+    if tr_n:
+        turns["supervised_hash"] = _range_hash(sums, t_lo, t_hi, tables)
+        sup_before = _range_hash(sums, t_first, t_lo, tables)
     # anchor[t] is (mix[t] >> ANCHOR_SHIFT) == 0: one compare over the gathered hashes, no second gather
     pos, h = _anchor_ngrams(sup_mix, np.flatnonzero(sup_mix < (np.uint64(1) << ANCHOR_SHIFT)))
     del sup_ids
@@ -664,14 +677,15 @@ def batch_metrics_and_turns(batch: TokenBatch, tables: KernelTables) -> tuple[di
         turns["ngram_repeat_share"] = turn_share
     del sup_mix, pos, h
     uns_mix = lookup(tables.mix_table, ids[~mb])
-    weighted = _weighted(uns_mix, tables)
-    del uns_mix
     uns_bounds = offs - sup_bounds
-    prompt_hash = _range_hash(weighted, uns_bounds[:-1], uns_bounds[1:], tables)
+    uns_lo = rs - t_lo  # each turn's start in the untrained sequence
+    sums = _RangeSums(_weighted(uns_mix, tables), np.concatenate((uns_bounds, uns_lo)))
+    del uns_mix
+    prompt_hash = _range_hash(sums, uns_bounds[:-1], uns_bounds[1:], tables)
     if tr_n:
-        uns_before = _prefix_range_hash(weighted, uns_bounds[t_row], rs - t_lo, group, tables)
+        uns_before = _range_hash(sums, uns_bounds[t_row], uns_lo, tables)
         turns["prompt_hash"] = splitmix64(uns_before ^ splitmix64(sup_before ^ _C))
-    del weighted
+    del sums
 
     metrics = {
         "n_tokens": n_tokens,

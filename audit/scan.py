@@ -167,7 +167,8 @@ def _stream_metrics(ds: Dataset, tables: KernelTables, part: Path, batch_rows: i
     """Write one metrics row group per batch to ``part`` (and the batch's trained turns to
     ``turns_part``, see ``kernels.TURN_COLUMNS``); return ``(rows, tokens)``."""
     writer: pq.ParquetWriter | None = None
-    turn_writer = pq.ParquetWriter(turns_part, _turn_schema(), compression="zstd") if turns_part is not None else None
+    # The parts are work files, read back once at the end: compressing them would only cost CPU.
+    turn_writer = pq.ParquetWriter(turns_part, _turn_schema(), compression="none") if turns_part is not None else None
     rows = tokens = 0
     id_type: pa.DataType | None = None
     fit: list[np.ndarray] | None = [np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64)]  # until the format is checked
@@ -192,7 +193,7 @@ def _stream_metrics(ds: Dataset, tables: KernelTables, part: Path, batch_rows: i
             cols.update(m)
             table = pa.table(cols)
             if writer is None:
-                writer = pq.ParquetWriter(part, table.schema, compression="zstd")
+                writer = pq.ParquetWriter(part, table.schema, compression="none")
             writer.write_table(table)
             rows += batch.num_rows
             tokens += int(batch.ids.size)

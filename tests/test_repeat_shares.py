@@ -1,0 +1,61 @@
+"""The loop detector's one-sort labelling of sampled 8-grams equals counting rows and turns apart.
+
+``_row_and_turn_repeat_shares`` labels each sampled 8-gram with the row and turn that hold it whole
+from a step function evaluated only where rows and turns start and stop holding 8-grams; the two-sort
+path (kept for batches whose indices do not fit the sort key) assigns every 8-gram by its own
+binary searches. Both must give the same shares for any rows, gaps, short rows and turns.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dqa.audit import kernels
+from dqa.audit.kernels import NGRAM, _anchor_ngrams, _row_and_turn_repeat_shares, _row_and_turn_repeat_shares_by_two_sorts
+
+
+def _layout(seed: int, n_rows: int, loops: bool):
+    """Rows (with gaps between them), turns inside rows, and a token sequence with some repeats."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 60, n_rows)
+    gaps = rng.integers(0, 4, n_rows) * rng.integers(0, 2, n_rows)
+    lo = np.cumsum(gaps + np.r_[0, lengths[:-1]])  # row r starts after row r - 1 and its gap
+    hi = lo + lengths
+    size = int(hi[-1]) if n_rows else 0
+    vocab = 6 if loops else 5000  # a small vocabulary repeats 8-grams
+    tokens = rng.integers(0, vocab, size)
+    t_lo, t_hi, t_row = [], [], []
+    for r in range(n_rows):  # a test fixture: a loop over a few dozen rows
+        cut = np.sort(rng.integers(lo[r], hi[r] + 1, 2 * int(rng.integers(0, 3))))
+        for a, b in zip(cut[0::2], cut[1::2]):
+            t_lo.append(a), t_hi.append(b), t_row.append(r)
+    as_int = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
+    return tokens, as_int(lo), as_int(hi), as_int(t_lo), as_int(t_hi), as_int(t_row)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 40), st.booleans())
+def test_one_sort_equals_two_sorts(seed, n_rows, loops):
+    tokens, lo, hi, t_lo, t_hi, t_row = _layout(seed, n_rows, loops)
+    tables_mix = kernels.splitmix64(np.arange(5000, dtype=np.uint64)) | np.uint64(1)
+    mix = tables_mix[tokens]
+    pos, h = _anchor_ngrams(mix, np.flatnonzero(mix < (np.uint64(1) << kernels.ANCHOR_SHIFT)))
+    one = _row_and_turn_repeat_shares(mix, pos, h, lo, hi, t_lo, t_hi, t_row)
+    two = _row_and_turn_repeat_shares_by_two_sorts(mix, pos, h, lo, hi, t_lo, t_hi, t_row)
+    assert np.allclose(one[0], two[0]) and np.allclose(one[1], two[1])
+
+
+def test_a_loop_inside_one_turn_is_that_turns_and_its_rows():
+    loop = np.tile(np.arange(10, 30), 10)  # a 20-token loop, 200 tokens
+    tokens = np.r_[np.arange(1000, 1300), loop, np.arange(2000, 2300)]
+    mix = (kernels.splitmix64(np.arange(3000, dtype=np.uint64)) | np.uint64(1))[tokens]
+    every = np.arange(tokens.size - NGRAM + 1)  # every start an anchor: exact shares
+    pos, h = every, kernels._hash_ngrams(mix, every)
+    lo, hi = np.array([0]), np.array([tokens.size])
+    t_lo, t_hi, t_row = np.array([0, 300, 500]), np.array([300, 500, 800]), np.array([0, 0, 0])
+    rows, turns = _row_and_turn_repeat_shares(mix, pos, h, lo, hi, t_lo, t_hi, t_row)
+    assert turns[0] == 0 and turns[2] == 0
+    assert turns[1] == (200 - NGRAM + 1 - 20) / (200 - NGRAM + 1)  # all but the first period repeat
+    assert rows[0] == (200 - NGRAM + 1 - 20) / (tokens.size - NGRAM + 1)
