@@ -250,22 +250,21 @@ def _hash_ngrams(sup_mix: np.ndarray, pos: np.ndarray) -> np.ndarray:
     """64-bit hashes of the 8-grams of ``sup_mix`` starting at ``pos`` (sorted, all in range):
     ``sum_k sup_mix[pos + k] * A**(7 - k)``.
 
-    Eight gathers per block of positions, not a loop over data; blocks of ``_NGRAM_BLOCK`` keep the
-    block's stretch of ``sup_mix`` in cache across its eight gathers (a whole batch's positions
-    would stream the array from memory eight times: 1.7x slower)."""
+    Eight gathers per block of positions, not a loop over data. A block gathers from its own
+    stretch of ``sup_mix``, which stays in cache across its eight gathers (gathering a whole
+    batch's positions would stream the array from memory eight times: 1.7x slower)."""
     out = np.empty(pos.size, dtype=np.uint64)
-    block = min(_NGRAM_BLOCK, pos.size)
-    term = np.empty(block, dtype=np.uint64)
-    at = np.empty(block, dtype=np.int64)
+    term = np.empty(min(_NGRAM_BLOCK, pos.size), dtype=np.uint64)
     for s in range(0, pos.size, _NGRAM_BLOCK):
         p = pos[s : s + _NGRAM_BLOCK]
-        h, t, a = out[s : s + p.size], term[: p.size], at[: p.size]
-        np.take(sup_mix, p, out=h)
-        np.copyto(a, p)
+        stretch = sup_mix[p[0] : p[-1] + NGRAM]
+        at = p - p[0]
+        h, t = out[s : s + p.size], term[: p.size]
+        np.take(stretch, at, out=h)
         for _ in range(1, NGRAM):
-            a += 1
+            at += 1
             h *= _A
-            np.take(sup_mix, a, out=t)
+            np.take(stretch, at, out=t)
             h += t
     return out
 
