@@ -3,7 +3,10 @@
 One run, three contestants, each in its own process so that peak RSS is its own:
 
 - floor: pyarrow reads the two token columns batch by batch and numpy sums the mask;
-  nothing can scan faster than reading the data.
+  nothing can scan faster than reading the data. The goal is stated against this floor, which
+  opens the file with pyarrow's defaults.
+- floor-mmap: the same read with the file memory-mapped, as dqa reads it (~20% less CPU on a
+  cached file): the stricter floor, printed beside the other.
 - dqa: ``run_scan`` with every check, writing the full scan folder.
 - loop: what a typical preprocessing script does: iterate rows as Python lists, sum the
   mask, decode the supervised tokens with the tokenizer and count identical texts. It runs on
@@ -146,11 +149,11 @@ def make_dataset(path: Path, tokens: float, mean_len: int = 2500, seed: int = 0,
 # --- contestants (each runs in a child process) --------------------------------------------
 
 
-def run_floor(data: Path) -> dict:
+def run_floor(data: Path, memory_map: bool = False) -> dict:
     import pyarrow.parquet as pq
 
     tokens = supervised = 0
-    for rb in pq.ParquetFile(data).iter_batches(batch_size=2048, columns=["input_ids", "loss_mask"]):
+    for rb in pq.ParquetFile(data, memory_map=memory_map).iter_batches(batch_size=2048, columns=["input_ids", "loss_mask"]):
         tokens += len(rb.column(0).values)
         supervised += int(np.asarray(rb.column(1).values).sum(dtype=np.int64))
     return {"tokens": tokens, "supervised": supervised}
@@ -192,7 +195,8 @@ def run_loop(data: Path, rows: int) -> dict:
 
 def _child(kind: str, data: Path, loop_rows: int) -> None:
     t0 = time.perf_counter()
-    out = {"floor": lambda: run_floor(data), "dqa": lambda: run_dqa(data), "loop": lambda: run_loop(data, loop_rows)}[kind]()
+    out = {"floor": lambda: run_floor(data), "floor-mmap": lambda: run_floor(data, memory_map=True), "dqa": lambda: run_dqa(data),
+           "loop": lambda: run_loop(data, loop_rows)}[kind]()
     out["wall_s"] = time.perf_counter() - t0
     print(json.dumps(out))
 
@@ -217,7 +221,7 @@ def main() -> None:
     ap.add_argument("--turns", type=int, choices=[1, 3], default=1, help="1: today's single-turn set; 3: the multi-turn set")
     ap.add_argument("--data", type=Path, default=None, help="the set's cache file (default bench/data/scan.parquet, or scan-turns3.parquet)")
     ap.add_argument("--loop-rows", type=int, default=4000)
-    ap.add_argument("--child", choices=["floor", "dqa", "loop"])
+    ap.add_argument("--child", choices=["floor", "floor-mmap", "dqa", "loop"])
     args = ap.parse_args()
     if args.data is None:
         args.data = Path(__file__).parent / "data" / ("scan.parquet" if args.turns == 1 else f"scan-turns{args.turns}.parquet")
@@ -225,16 +229,19 @@ def main() -> None:
         _child(args.child, args.data, args.loop_rows)
         return
     data = make_dataset(args.data, args.tokens, turns=args.turns)
-    results = {k: _measure(k, data, args.loop_rows) for k in ("floor", "dqa", "loop")}
+    results = {k: _measure(k, data, args.loop_rows) for k in ("floor", "floor-mmap", "dqa", "loop")}
     d = results["dqa"]
     print(f"dataset: {data.name}, {results['floor']['tokens'] / 1e6:,.1f}M tokens, {d['rows']:,} samples, "
           f"{d['turns']:,} trained turns ({d['turns'] / d['rows']:.2f} per sample), {d['failing_rows']:,} failing samples")
-    print(f"{'contestant':<10} {'tokens':>12} {'wall s':>9} {'CPU s':>8} {'Mtok/s':>9} {'peak RSS MiB':>13}")
+    print(f"{'contestant':<11} {'tokens':>11} {'wall s':>9} {'CPU s':>8} {'Mtok/s':>9} {'peak RSS MiB':>13}")
     for k, r in results.items():
-        print(f"{k:<10} {r['tokens']:>12,} {r['wall_s']:>9.2f} {r['cpu_s']:>8.2f} {r['tok_per_s'] / 1e6:>9.2f} {r['peak_rss_mib']:>13.0f}")
+        print(f"{k:<11} {r['tokens']:>11,} {r['wall_s']:>9.2f} {r['cpu_s']:>8.2f} {r['tok_per_s'] / 1e6:>9.2f} {r['peak_rss_mib']:>13.0f}")
     f, d, lo = results["floor"], results["dqa"], results["loop"]
     cpu_rate = {k: r["tokens"] / r["cpu_s"] for k, r in results.items()}
     print(f"dqa time / floor time: {d['wall_s'] / f['wall_s']:.2f}x wall, {d['cpu_s'] / f['cpu_s']:.2f}x CPU (goal <= 2.5x)")
+    fm = results["floor-mmap"]
+    print(f"dqa time / memory-mapped floor time: {d['wall_s'] / fm['wall_s']:.2f}x wall, {d['cpu_s'] / fm['cpu_s']:.2f}x CPU "
+          "(dqa reads memory-mapped too; this floor is the stricter one)")
     print(
         f"dqa speed / loop speed: {d['tok_per_s'] / lo['tok_per_s']:.1f}x wall, {cpu_rate['dqa'] / cpu_rate['loop']:.1f}x per CPU second "
         f"(goal >= 10x; loop measured on {lo['rows']:,} rows)"
