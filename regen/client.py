@@ -165,16 +165,20 @@ def error_in_body(obj: Any) -> Outcome | None:
 
 
 async def call(
-    session, url: str, protocol, job: Job, attempt: int, headers: dict | None, extras_off: frozenset[str], max_new: int, timeout=None
+    transport, url: str, protocol, job: Job, attempt: int, headers: dict | None, extras_off: frozenset[str], max_new: int, timeout=None
 ) -> tuple[Outcome, frozenset[str]]:
     """POST one attempt to ``url`` (the endpoint's generate URL); return its outcome and the optional fields the server rejected (to drop next time).
 
-    ``protocol`` is a ``servers.base.Protocol``: it builds the body, reads the reply, and may
-    leave out optional fields for this endpoint or learn from its replies (its hooks).
-    Never raises for HTTP or connection trouble; ``asyncio.CancelledError`` propagates.
+    ``transport`` is a ``dqa.regen.transport.Transport`` (or an ``aiohttp.ClientSession``, used
+    with ``headers`` and ``timeout``). ``protocol`` is a ``servers.base.Protocol``: it builds the
+    body, reads the reply, and may leave out optional fields for this endpoint or learn from its
+    replies (its hooks). Never raises for HTTP or connection trouble; ``asyncio.CancelledError``
+    propagates.
     """
-    import aiohttp
+    from dqa.regen.transport import AiohttpTransport, Transport, TransportError
 
+    if not isinstance(transport, Transport):
+        transport = AiohttpTransport(transport, headers, timeout)
     off = protocol.extras_for(url)
     if off:
         extras_off = extras_off | off
@@ -183,15 +187,13 @@ async def call(
     except ValueError as exc:
         return Outcome(FAIL, error=f"row {job.row}: cannot build request ({exc})"), frozenset()
     try:
-        async with session.post(url, data=body, headers=headers, timeout=timeout) as resp:
-            raw = await resp.read()
-            status = resp.status
-    except asyncio.TimeoutError:
-        return Outcome(RETRY, error="timed out waiting for the reply", endpoint_fault=True), frozenset()
-    except aiohttp.ClientConnectorError as exc:
-        return Outcome(RETRY, error=f"connection failed: {_short(exc, 160)}", endpoint_fault=True, refused=True), frozenset()
-    except (aiohttp.ClientError, OSError) as exc:
-        return Outcome(RETRY, error=f"connection error: {type(exc).__name__}: {_short(exc, 160)}", endpoint_fault=True), frozenset()
+        status, raw = await transport.post(url, body)
+    except TransportError as exc:
+        if exc.kind == "timeout":
+            return Outcome(RETRY, error=_short(exc, 160), endpoint_fault=True), frozenset()
+        if exc.kind == "connect":
+            return Outcome(RETRY, error=f"connection failed: {_short(exc, 160)}", endpoint_fault=True, refused=True), frozenset()
+        return Outcome(RETRY, error=f"connection error: {_short(exc, 160)}", endpoint_fault=True), frozenset()
     if status != 200:
         rejected = protocol.rejected(url, status, raw, extras_off)
         if rejected:

@@ -1,0 +1,246 @@
+"""regen's HTTP/1.1 transport reads every reply shape a server may send, reuses connections, and
+turns every failure into a ``TransportError`` of the right kind.
+
+The server here is a raw asyncio socket server that answers each request with scripted bytes, so
+the tests control framing exactly: ``Content-Length``, chunked, ``Connection: close``, an HTTP/1.0
+reply that runs to the end of the connection, a reply in one-byte pieces, a connection closed while
+idle or mid-reply, a server that never answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from dqa.regen.transport import Http11Transport, TransportError
+
+JSON_OK = b'{"ok":true}'
+
+
+def ok(body: bytes = JSON_OK, extra: bytes = b"") -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n" + extra + b"\r\n" + body
+
+
+class Scripted:
+    """A socket server answering request ``i`` (over all connections) with ``replies[i]``: bytes to
+    send, or a callable ``(writer) -> awaitable`` for anything else. Records requests and connections."""
+
+    def __init__(self, replies):
+        self.replies = list(replies)
+        self.requests: list[bytes] = []
+        self.connections = 0
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}/generate"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+                body = await reader.readexactly(length)
+                self.requests.append(head + body)
+                reply = self.replies.pop(0)
+                if callable(reply):
+                    await reply(writer)
+                    if writer.is_closing():
+                        return
+                else:
+                    writer.write(reply)
+                    await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def stop(self) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+
+def run(replies, client_steps, **transport_kwargs):
+    """Start a scripted server, run ``client_steps(transport, url)``, return (its result, server)."""
+
+    async def main():
+        srv = Scripted(replies)
+        url = await srv.start()
+        t = Http11Transport({"Authorization": "Bearer k"}, **transport_kwargs)
+        try:
+            return await client_steps(t, url), srv
+        finally:
+            await t.close()
+            await srv.stop()
+
+    return asyncio.run(main())
+
+
+def test_a_kept_alive_connection_serves_every_request_and_the_request_is_well_formed():
+    async def steps(t, url):
+        return [await t.post(url, b'{"n":%d}' % i) for i in range(3)]
+
+    out, srv = run([ok(), ok(b"{}"), ok(b"[]")], steps)
+    assert out == [(200, JSON_OK), (200, b"{}"), (200, b"[]")]
+    assert srv.connections == 1
+    head, _, body = srv.requests[1].partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"POST /generate HTTP/1.1" and body == b'{"n":1}'
+    assert b"Authorization: Bearer k" in lines and b"Content-Type: application/json" in lines
+    assert b"Content-Length: 7" in lines and any(line.startswith(b"Host: 127.0.0.1:") for line in lines)
+
+
+def test_a_chunked_reply_is_reassembled():
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n6;ext=1\r\n:[1,2]\r\n1\r\n}\r\n0\r\n\r\n"
+
+    async def steps(t, url):
+        return await t.post(url, b"{}"), await t.post(url, b"{}")
+
+    out, srv = run([chunked, ok()], steps)
+    assert out == ((200, b'{"a":[1,2]}'), (200, JSON_OK)) and srv.connections == 1
+
+
+def test_connection_close_and_http10_replies_are_read_and_the_next_request_reconnects():
+    async def close_after(writer):
+        writer.write(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\n\r\nstarting up")
+        await writer.drain()
+        writer.close()
+
+    async def steps(t, url):
+        return [await t.post(url, b"{}") for _ in range(3)]
+
+    out, srv = run([ok(extra=b"Connection: close\r\n"), close_after, ok()], steps)
+    assert out == [(200, JSON_OK), (503, b"starting up"), (200, JSON_OK)]
+    assert srv.connections == 3
+
+
+def test_a_reply_arriving_one_byte_at_a_time_parses():
+    async def trickle(writer):
+        for i in range(len(payload)):
+            writer.write(payload[i : i + 1])
+            await writer.drain()
+
+    payload = ok(b'{"output_ids":[1,2,3]}')
+    out, _ = run([trickle], lambda t, url: t.post(url, b"{}"))
+    assert out == (200, b'{"output_ids":[1,2,3]}')
+
+
+def test_an_idle_connection_the_server_closed_is_replaced_without_an_error():
+    async def reply_then_close(writer):
+        writer.write(ok())
+        await writer.drain()
+        writer.close()  # keep-alive announced, then closed while idle (a server's idle timeout)
+
+    async def steps(t, url):
+        first = await t.post(url, b"{}")
+        await asyncio.sleep(0.05)  # the close reaches the client while the connection is pooled
+        return first, await t.post(url, b"{}")
+
+    out, srv = run([reply_then_close, ok(b"{}")], steps)
+    assert out == ((200, JSON_OK), (200, b"{}")) and srv.connections == 2
+
+
+@pytest.mark.parametrize(
+    "reply, words",
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n{\"partial", "after 9 of 50 reply bytes"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"a\":", "inside a chunked reply"),
+        (b"HTTP/1.1 200 OK\r\nContent-Len", "before a full reply"),
+        (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "not HTTP/1.x"),
+    ],
+)
+def test_a_broken_reply_is_an_io_error_naming_what_broke(reply, words):
+    async def send_and_close(writer):
+        writer.write(reply)
+        await writer.drain()
+        writer.close()
+
+    async def steps(t, url):
+        with pytest.raises(TransportError) as info:
+            await t.post(url, b"{}")
+        return info.value
+
+    err, _ = run([send_and_close], steps)
+    assert err.kind == "io" and words in str(err)
+
+
+def test_no_reply_within_the_read_timeout_is_a_timeout():
+    async def never(writer):
+        await asyncio.sleep(5)
+
+    async def steps(t, url):
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(TransportError) as info:
+            await t.post(url, b"{}")
+        return info.value, loop.time() - t0
+
+    (err, waited), _ = run([never], steps, read_timeout=0.2)
+    assert err.kind == "timeout" and "timed out" in str(err)
+    assert waited < 4  # the timeout, not the server, ended the wait
+
+
+def test_a_refused_connection_is_a_connect_error():
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def main():
+        t = Http11Transport()
+        try:
+            with pytest.raises(TransportError) as info:
+                await t.post(f"http://127.0.0.1:{port}/generate", b"{}")
+            return info.value
+        finally:
+            await t.close()
+
+    err = asyncio.run(main())
+    assert err.kind == "connect" and str(port) in str(err)
+
+
+def test_a_cancelled_request_closes_its_connection_and_the_next_one_works():
+    async def slow_then_ok(writer):
+        await asyncio.sleep(0.3)
+        writer.write(ok())
+        await writer.drain()
+
+    async def steps(t, url):
+        task = asyncio.ensure_future(t.post(url, b"{}"))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return await t.post(url, b"{}")
+
+    out, srv = run([slow_then_ok, ok(b"{}")], steps)
+    assert out == (200, b"{}") and srv.connections == 2
+
+
+def test_a_reused_connection_dropped_without_a_reply_is_retried_once_on_a_fresh_one():
+    """A kept-alive connection the server drops as the next request arrives (its idle timeout racing
+    the request) got no reply bytes: the request goes out again on a new connection."""
+
+    async def drop(writer):
+        writer.close()
+
+    async def steps(t, url):
+        return await t.post(url, b"{}"), await t.post(url, b"{}")
+
+    out, srv = run([ok(), drop, ok(b"{}")], steps)
+    assert out == ((200, JSON_OK), (200, b"{}")) and srv.connections == 2
+
+
+def test_a_fresh_connection_dropped_without_a_reply_is_an_error():
+    async def drop(writer):
+        writer.close()
+
+    async def steps(t, url):
+        with pytest.raises(TransportError) as info:
+            await t.post(url, b"{}")
+        return info.value
+
+    err, srv = run([drop], steps)
+    assert err.kind == "io" and srv.connections == 1
