@@ -78,8 +78,8 @@ class _Reply(asyncio.Protocol):
         self.waiter: asyncio.Future | None = None
         self.closed = False
         self.got_bytes = False
-        self._timer: asyncio.TimerHandle | None = None
-        self._read_timeout = 0.0
+        self.last_read = 0.0  # loop time of the request's send or its latest reply bytes (read timeout)
+        self.read_timeout = 0.0
 
     # -- asyncio.Protocol
     def connection_made(self, transport) -> None:
@@ -97,7 +97,7 @@ class _Reply(asyncio.Protocol):
         self.buf += data
         self.got_bytes = True
         if self.waiter is not None and not self.waiter.done():
-            self._arm()
+            self.last_read = self.loop.time()
             self._parse(eof=False)
 
     def eof_received(self) -> bool:
@@ -108,35 +108,28 @@ class _Reply(asyncio.Protocol):
         self.buf.clear()
         self.got_bytes = False
         self.waiter = self.loop.create_future()
-        self._read_timeout = read_timeout
-        self._arm()
+        self.read_timeout = read_timeout
+        self.last_read = self.loop.time()
         assert self.transport is not None
         self.transport.write(data)
         return self.waiter
 
+    @property
+    def waiting(self) -> bool:
+        return self.waiter is not None and not self.waiter.done()
+
     def abort(self) -> None:
-        """Drop the connection (the request was cancelled): no timer outlives it."""
-        if self._timer is not None:
-            self._timer.cancel()
+        """Drop the connection (the request was cancelled)."""
         if self.transport is not None:
             self.transport.close()
 
-    def _arm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self.loop.call_later(self._read_timeout, self._fail, "timeout", "timed out waiting for the reply")
-
     def _fail(self, kind: str, message: str) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(TransportError(kind, message))
         if self.transport is not None:
             self.transport.close()
 
     def _done(self, status: int, body: bytes, keep: bool) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
         assert self.waiter is not None
         self.waiter.set_result((status, body, keep))
 
@@ -203,7 +196,8 @@ def _dechunk(buf: bytearray, pos: int) -> bytes | None:
 
 class Http11Transport(Transport):
     """``Transport`` on asyncio protocols: HTTP/1.1 with keep-alive, one request per connection at a
-    time, idle connections pooled per server (``http`` and ``https``)."""
+    time, idle connections pooled per server (``http`` and ``https``). Used within one event loop
+    (the dispatcher's), and closed with ``close`` there."""
 
     def __init__(self, headers: dict[str, str] | None = None, connect_timeout: float = 10.0, read_timeout: float = 3600.0):
         self.headers = {"Content-Type": "application/json", **(headers or {})}
@@ -213,6 +207,7 @@ class Http11Transport(Transport):
         self._heads: dict[str, tuple[tuple[str, str, int], bytes]] = {}
         self._all: set[_Reply] = set()
         self._ssl: ssl.SSLContext | None = None
+        self._sweeper: asyncio.Task | None = None
 
     def _head(self, url: str) -> tuple[tuple[str, str, int], bytes]:
         """The pool key and the request head up to ``Content-Length: `` for ``url`` (cached)."""
@@ -246,7 +241,20 @@ class Http11Transport(Transport):
         self._all.add(proto)
         return proto
 
+    async def _sweep(self) -> None:
+        """Fail the requests whose reply has been silent for ``read_timeout``: one check of every
+        connection per tick instead of a timer armed and cancelled for every request and read."""
+        tick = min(1.0, self.read_timeout / 4)
+        while True:
+            await asyncio.sleep(tick)
+            now = asyncio.get_running_loop().time()
+            for conn in list(self._all):
+                if conn.waiting and now - conn.last_read >= conn.read_timeout:
+                    conn._fail("timeout", f"timed out waiting for the reply ({conn.read_timeout:g} s without a byte)")
+
     async def post(self, url: str, body: bytes) -> tuple[int, bytes]:
+        if self._sweeper is None or self._sweeper.done():  # started with the first request, in its loop
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         key, head = self._head(url)
         data = b"".join((head, str(len(body)).encode(), b"\r\n\r\n", body))
         idle = self._idle[key]
@@ -280,6 +288,10 @@ class Http11Transport(Transport):
             return status, reply
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+            self._sweeper = None
         for conn in list(self._all):
             if conn.transport is not None:
                 conn.transport.close()
