@@ -6,7 +6,13 @@ The kernel never loops over rows or tokens in Python. Two ideas keep it fast:
   lookup-table pass), and everything about turns, think blocks and headers is
   answered with ``searchsorted`` on those short position arrays.
 - Ranges are counted with prefix sums: the supervised tokens in ``[a, b)`` are
-  ``cs[b] - cs[a]`` for the cumulative sum ``cs`` of the mask.
+  ``cs[b] - cs[a]`` for the cumulative sum ``cs`` of the mask, answered from the mask's runs
+  (``_TrainedCounts``); the hash sums of rows, turns and what precedes each turn come from one
+  ``reduceat`` pass (``_RangeSums``).
+
+Per token the kernel makes a handful of passes (table lookups with Arrow's ``take``, the mask's
+runs, the hash terms); everything else works on positions of template tokens, rows, turns and the
+sampled 8-grams.
 
 Everything about the chat template comes from the ``ChatFormat`` (``dqa.audit.chat_format``):
 its role tokens delimit turns, its assistant header is matched as a token sequence that

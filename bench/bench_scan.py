@@ -1,6 +1,6 @@
 """Benchmark: `dqa scan` (all checks) against the floor and against a per-row Python loop.
 
-One run, three contestants, each in its own process so that peak RSS is its own:
+One run, four contestants, each in its own process so that peak RSS is its own:
 
 - floor: pyarrow reads the two token columns batch by batch and numpy sums the mask;
   nothing can scan faster than reading the data. The goal is stated against this floor, which

@@ -13,15 +13,22 @@
 
 Timeouts follow aiohttp's ``sock_connect`` / ``sock_read``: ``connect`` bounds opening a
 connection, ``read`` the wait for the next bytes of the reply (a non-streamed generation sends
-nothing until it is done, so this bounds the whole reply).
+nothing until it is done, so this bounds the whole reply); 0 or less means no limit. A request is
+never sent twice by the transport: a failure goes back to the dispatcher, which retries it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import ssl
 from collections import defaultdict
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
+
+# Idle connections older than this are closed instead of reused: uvicorn (SGLang's HTTP server)
+# closes kept-alive connections after 5 idle seconds, and a request sent as the server closes one
+# would fail for nothing. A busy run reuses its connections within milliseconds.
+IDLE_EXPIRY = 4.0
 
 
 class TransportError(Exception):
@@ -69,7 +76,10 @@ class AiohttpTransport(Transport):
 
 
 class _Reply(asyncio.Protocol):
-    """One connection: writes a request, parses the HTTP/1.1 reply into ``(status, body, keep)``."""
+    """One connection: writes a request, parses the HTTP/1.1 reply into ``(status, body, keep)``.
+
+    A connection that receives bytes it did not ask for (while idle, or after a complete reply) is
+    not reused: they could only be mistaken for the next request's reply."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
@@ -77,9 +87,10 @@ class _Reply(asyncio.Protocol):
         self.buf = bytearray()
         self.waiter: asyncio.Future | None = None
         self.closed = False
-        self.got_bytes = False
+        self.reusable = True
         self.last_read = 0.0  # loop time of the request's send or its latest reply bytes (read timeout)
         self.read_timeout = 0.0
+        self.idle_since = 0.0
 
     # -- asyncio.Protocol
     def connection_made(self, transport) -> None:
@@ -87,18 +98,19 @@ class _Reply(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.closed = True
-        if self.waiter is not None and not self.waiter.done():
+        if self.waiting:
             self._parse(eof=True)
-            if not self.waiter.done():
+            if self.waiting:
                 why = f": {exc}" if exc else ""
                 self._fail("io", f"the server closed the connection before a full reply{why}")
 
     def data_received(self, data: bytes) -> None:
+        if not self.waiting:
+            self.reusable = False  # unasked-for bytes
+            return
         self.buf += data
-        self.got_bytes = True
-        if self.waiter is not None and not self.waiter.done():
-            self.last_read = self.loop.time()
-            self._parse(eof=False)
+        self.last_read = self.loop.time()
+        self._parse(eof=False)
 
     def eof_received(self) -> bool:
         return False  # close our side too: connection_lost follows
@@ -106,7 +118,6 @@ class _Reply(asyncio.Protocol):
     # -- one request
     def send(self, data: bytes, read_timeout: float) -> asyncio.Future:
         self.buf.clear()
-        self.got_bytes = False
         self.waiter = self.loop.create_future()
         self.read_timeout = read_timeout
         self.last_read = self.loop.time()
@@ -119,75 +130,96 @@ class _Reply(asyncio.Protocol):
         return self.waiter is not None and not self.waiter.done()
 
     def abort(self) -> None:
-        """Drop the connection (the request was cancelled)."""
+        """Drop the connection (the request was cancelled, or the connection is not to be reused)."""
+        self.reusable = False
         if self.transport is not None:
             self.transport.close()
 
     def _fail(self, kind: str, message: str) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(TransportError(kind, message))
-        if self.transport is not None:
-            self.transport.close()
-
-    def _done(self, status: int, body: bytes, keep: bool) -> None:
-        assert self.waiter is not None
-        self.waiter.set_result((status, body, keep))
+        if self.waiting:
+            self.waiter.set_exception(TransportError(kind, message))  # type: ignore[union-attr]
+        self.abort()
 
     def _parse(self, eof: bool) -> None:
+        try:
+            self._parse_reply(eof)
+        except ValueError as exc:  # a malformed length or chunk size
+            self._fail("io", f"malformed reply framing ({exc})")
+
+    def _parse_reply(self, eof: bool) -> None:
         buf = self.buf
-        end = buf.find(b"\r\n\r\n")
-        if end < 0:
-            if eof:
-                self._fail("io", "the server closed the connection before a full reply")
-            return
-        lines = bytes(buf[:end]).split(b"\r\n")
-        parts = lines[0].split(b" ", 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            self._fail("io", f"the reply is not HTTP/1.x: {bytes(lines[0][:80])!r}")
-            return
-        status = int(parts[1])
+        while True:  # skips 1xx interim replies (a proxy's 100 Continue)
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if eof:
+                    self._fail("io", "the server closed the connection before a full reply")
+                return
+            lines = bytes(buf[:end]).split(b"\r\n")
+            parts = lines[0].split(b" ", 2)
+            if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+                self._fail("io", f"the reply is not HTTP/1.x: {bytes(lines[0][:80])!r}")
+                return
+            status = int(parts[1])
+            if 100 <= status < 200 and status != 101:
+                del buf[: end + 4]
+                continue
+            break
         length, chunked, keep = None, False, parts[0] != b"HTTP/1.0"
         for line in lines[1:]:
             name, _, value = line.partition(b":")
             name = name.strip().lower()
+            tokens = {t.strip() for t in value.lower().split(b",")} - {b""}
             if name == b"content-length":
-                length = int(value.strip() or b"0")
+                if len(tokens) != 1 or not next(iter(tokens)).isdigit():
+                    raise ValueError(f"Content-Length {value.strip()[:40]!r}")
+                length = int(next(iter(tokens)))
             elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
+                chunked = b"chunked" in tokens
             elif name == b"connection":
-                v = value.strip().lower()
-                keep = v == b"keep-alive" or (keep and v != b"close")
+                keep = b"keep-alive" in tokens or (keep and b"close" not in tokens)
         start = end + 4
         if chunked:
-            body = _dechunk(buf, start)
-            if body is None:
+            got = _dechunk(buf, start)
+            if got is None:
                 if eof:
                     self._fail("io", "the server closed the connection inside a chunked reply")
                 return
-            self._done(status, body, keep)
+            body, used = got
         elif length is not None:
             if len(buf) - start < length:
                 if eof:
                     self._fail("io", f"the server closed the connection after {len(buf) - start} of {length} reply bytes")
                 return
-            self._done(status, bytes(buf[start : start + length]), keep)
-        elif status in (204, 304) or 100 <= status < 200:
-            self._done(status, b"", keep)
+            body, used = bytes(buf[start : start + length]), start + length
+        elif status in (204, 304):
+            body, used = b"", start
         elif eof:  # no length: the body runs to the end of the connection
-            self._done(status, bytes(buf[start:]), False)
+            body, used, keep = bytes(buf[start:]), len(buf), False
+        else:
+            return
+        if used != len(buf):
+            self.reusable = False  # bytes after the reply
+        assert self.waiter is not None
+        self.waiter.set_result((status, body, keep and self.reusable))
 
 
-def _dechunk(buf: bytearray, pos: int) -> bytes | None:
-    """The body of a complete chunked reply starting at ``pos``; None while incomplete."""
+def _dechunk(buf: bytearray, pos: int) -> tuple[bytes, int] | None:
+    """The body of a complete chunked reply starting at ``pos`` and where the reply ends (after its
+    trailer); None while incomplete. Raises ValueError for a chunk size that is not hexadecimal."""
     out = bytearray()
     while True:
         eol = buf.find(b"\r\n", pos)
         if eol < 0:
             return None
-        size = int(bytes(buf[pos:eol]).split(b";", 1)[0].strip() or b"0", 16)
+        size = int(bytes(buf[pos:eol]).split(b";", 1)[0].strip(), 16)
+        if size < 0:
+            raise ValueError("negative chunk size")
         pos = eol + 2
-        if size == 0:
-            return bytes(out) if buf.find(b"\r\n", pos) >= 0 else None  # the (empty) trailer's end
+        if size == 0:  # the trailer: header lines, then an empty line
+            if buf[pos : pos + 2] == b"\r\n":
+                return bytes(out), pos + 2
+            end = buf.find(b"\r\n\r\n", pos)
+            return (bytes(out), end + 4) if end >= 0 else None
         if len(buf) < pos + size + 2:
             return None
         out += buf[pos : pos + size]
@@ -221,6 +253,10 @@ class Http11Transport(Transport):
             host = u.netloc.rsplit("@", 1)[-1]
             lines = [f"POST {path} HTTP/1.1", f"Host: {host}", "Accept: */*"]
             lines += [f"{k}: {v}" for k, v in self.headers.items()]
+            if u.username is not None and not any(k.lower() == "authorization" for k in self.headers):
+                # credentials in the endpoint URL (regen/urls.py): HTTP basic auth, as aiohttp sends them
+                user_pass = f"{unquote(u.username)}:{unquote(u.password or '')}".encode()
+                lines.append(f"Authorization: Basic {base64.b64encode(user_pass).decode()}")
             cached = ((u.scheme, u.hostname, port), ("\r\n".join(lines) + "\r\nContent-Length: ").encode("latin-1"))
             self._heads[url] = cached
         return cached
@@ -233,7 +269,7 @@ class Http11Transport(Transport):
         context = self._ssl if scheme == "https" else None
         try:
             _, proto = await asyncio.wait_for(loop.create_connection(lambda: _Reply(loop), host, port, ssl=context),
-                                              self.connect_timeout)
+                                              self.connect_timeout if self.connect_timeout > 0 else None)
         except asyncio.TimeoutError:
             raise TransportError("timeout", f"connecting to {host}:{port} timed out after {self.connect_timeout:g} s") from None
         except OSError as exc:
@@ -252,40 +288,37 @@ class Http11Transport(Transport):
                 if conn.waiting and now - conn.last_read >= conn.read_timeout:
                     conn._fail("timeout", f"timed out waiting for the reply ({conn.read_timeout:g} s without a byte)")
 
+    def _idle_connection(self, key: tuple[str, str, int]) -> _Reply | None:
+        """A pooled connection to ``key`` still fit to reuse (others are closed and dropped), or None."""
+        idle = self._idle[key]
+        now = asyncio.get_running_loop().time()
+        while idle:
+            conn = idle.pop()
+            if not conn.closed and conn.reusable and now - conn.idle_since < IDLE_EXPIRY:
+                return conn
+            conn.abort()
+            self._all.discard(conn)
+        return None
+
     async def post(self, url: str, body: bytes) -> tuple[int, bytes]:
-        if self._sweeper is None or self._sweeper.done():  # started with the first request, in its loop
+        if self.read_timeout > 0 and (self._sweeper is None or self._sweeper.done()):  # started with the first request
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         key, head = self._head(url)
         data = b"".join((head, str(len(body)).encode(), b"\r\n\r\n", body))
-        idle = self._idle[key]
-        while True:
-            reused = False
-            while idle:
-                conn = idle.pop()
-                if not conn.closed:
-                    reused = True
-                    break
-                self._all.discard(conn)
-            else:
-                conn = await self._connect(key)
-            try:
-                status, reply, keep = await conn.send(data, self.read_timeout)
-            except TransportError as exc:
-                self._all.discard(conn)
-                if reused and exc.kind == "io" and not conn.got_bytes:
-                    continue  # the server had closed this idle connection: send again on a fresh one
-                raise
-            except asyncio.CancelledError:
-                self._all.discard(conn)
-                conn.abort()
-                raise
-            if keep and not conn.closed:
-                idle.append(conn)
-            else:
-                self._all.discard(conn)
-                if conn.transport is not None:
-                    conn.transport.close()
-            return status, reply
+        conn = self._idle_connection(key) or await self._connect(key)
+        try:
+            status, reply, keep = await conn.send(data, self.read_timeout if self.read_timeout > 0 else float("inf"))
+        except BaseException:  # TransportError, or the request was cancelled
+            self._all.discard(conn)
+            conn.abort()
+            raise
+        if keep and not conn.closed:
+            conn.idle_since = asyncio.get_running_loop().time()
+            self._idle[key].append(conn)
+        else:
+            self._all.discard(conn)
+            conn.abort()
+        return status, reply
 
     async def close(self) -> None:
         if self._sweeper is not None:

@@ -219,18 +219,22 @@ def test_a_cancelled_request_closes_its_connection_and_the_next_one_works():
     assert out == (200, b"{}") and srv.connections == 2
 
 
-def test_a_reused_connection_dropped_without_a_reply_is_retried_once_on_a_fresh_one():
-    """A kept-alive connection the server drops as the next request arrives (its idle timeout racing
-    the request) got no reply bytes: the request goes out again on a new connection."""
+def test_a_reused_connection_dropped_without_a_reply_is_an_error_and_is_not_resent():
+    """The server may have read the request before it dropped the connection: the transport never
+    sends a request twice (the dispatcher decides about retrying), and the next request reconnects."""
 
     async def drop(writer):
         writer.close()
 
     async def steps(t, url):
-        return await t.post(url, b"{}"), await t.post(url, b"{}")
+        first = await t.post(url, b"{}")
+        with pytest.raises(TransportError) as info:
+            await t.post(url, b"{}")
+        return first, info.value, await t.post(url, b"{}")
 
-    out, srv = run([ok(), drop, ok(b"{}")], steps)
-    assert out == ((200, JSON_OK), (200, b"{}")) and srv.connections == 2
+    (first, err, third), srv = run([ok(), drop, ok(b"{}")], steps)
+    assert first == (200, JSON_OK) and err.kind == "io" and third == (200, b"{}")
+    assert len(srv.requests) == 3 and srv.connections == 2
 
 
 def test_a_fresh_connection_dropped_without_a_reply_is_an_error():
@@ -244,3 +248,88 @@ def test_a_fresh_connection_dropped_without_a_reply_is_an_error():
 
     err, srv = run([drop], steps)
     assert err.kind == "io" and srv.connections == 1
+
+
+def test_interim_1xx_replies_are_skipped():
+    out, _ = run([b"HTTP/1.1 100 Continue\r\n\r\n" + ok()], lambda t, url: t.post(url, b"{}"))
+    assert out == (200, JSON_OK)
+
+
+def test_bytes_after_a_reply_make_its_connection_unfit_for_reuse():
+    """Anything past the reply could only be mistaken for the next request's reply."""
+
+    async def steps(t, url):
+        return await t.post(url, b"{}"), await t.post(url, b"{}")
+
+    out, srv = run([ok() + b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n\"stale\"", ok(b"{}")], steps)
+    assert out == ((200, JSON_OK), (200, b"{}")) and srv.connections == 2
+
+
+@pytest.mark.parametrize("reply", [
+    b"HTTP/1.1 200 OK\r\nContent-Length: 2, 3\r\n\r\n{}",
+    b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n{}",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+])
+def test_malformed_framing_fails_at_once_as_an_io_error(reply):
+    async def steps(t, url):
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(TransportError) as info:
+            await t.post(url, b"{}")
+        return info.value, loop.time() - t0
+
+    (err, waited), _ = run([reply], steps, read_timeout=30)
+    assert err.kind == "io" and "malformed" in str(err) and waited < 5
+
+
+def test_a_chunked_reply_with_a_trailer_leaves_the_connection_clean():
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX-Checksum: 1\r\n\r\n"
+
+    async def steps(t, url):
+        return await t.post(url, b"{}"), await t.post(url, b"{}")
+
+    out, srv = run([chunked, ok()], steps)
+    assert out == ((200, b"{}"), (200, JSON_OK)) and srv.connections == 1
+
+
+def test_connection_close_among_other_tokens_closes():
+    async def steps(t, url):
+        return await t.post(url, b"{}"), await t.post(url, b"{}")
+
+    out, srv = run([ok(extra=b"Connection: close, TE\r\n"), ok()], steps)
+    assert srv.connections == 2
+
+
+def test_a_zero_read_timeout_means_no_limit():
+    async def late(writer):
+        await asyncio.sleep(0.3)
+        writer.write(ok())
+        await writer.drain()
+
+    out, _ = run([late], lambda t, url: t.post(url, b"{}"), read_timeout=0, connect_timeout=0)
+    assert out == (200, JSON_OK)
+
+
+def test_credentials_in_the_endpoint_url_are_sent_as_basic_auth():
+    async def steps(t, url):
+        t.headers.pop("Authorization")
+        return await t.post(url.replace("http://", "http://user:p%40ss@"), b"{}")
+
+    _, srv = run([ok()], steps)
+    head = srv.requests[0].split(b"\r\n\r\n")[0].split(b"\r\n")
+    assert b"Authorization: Basic dXNlcjpwQHNz" in head  # base64 of "user:p@ss"
+    assert not any(line.startswith(b"Host: user") for line in head)
+
+
+def test_an_idle_connection_past_its_expiry_is_not_reused(monkeypatch):
+    from dqa.regen import transport
+
+    monkeypatch.setattr(transport, "IDLE_EXPIRY", 0.05)
+
+    async def steps(t, url):
+        first = await t.post(url, b"{}")
+        await asyncio.sleep(0.1)
+        return first, await t.post(url, b"{}")
+
+    out, srv = run([ok(), ok()], steps)
+    assert srv.connections == 2
