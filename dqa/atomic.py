@@ -34,6 +34,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def new_temp(dest: str | os.PathLike[str]) -> Path:
+    """A new empty temporary file next to ``dest`` (named so that ``remove_stale_temps`` clears it
+    after a crash), with the mode a plain ``open()`` would give ``dest``."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + dest.name + ".", dir=dest.parent)
+    os.close(fd)
+    # mkstemp makes 0600 files; give the result the mode a plain open() would (0666 & ~umask).
+    os.chmod(tmp, 0o666 & ~_umask())
+    return Path(tmp)
+
+
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path next to ``dest``; on clean exit fsync it and rename it to ``dest``.
@@ -41,13 +53,7 @@ def atomic_path(dest: str | os.PathLike[str]) -> Iterator[Path]:
     On an exception the temporary file is removed and ``dest`` is untouched.
     Raises whatever the body raises, or ``OSError`` from the rename.
     """
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + dest.name + ".", dir=dest.parent)
-    os.close(fd)
-    # mkstemp makes 0600 files; give the result the mode a plain open() would (0666 & ~umask).
-    os.chmod(tmp, 0o666 & ~_umask())
-    tmp_path = Path(tmp)
+    tmp_path = new_temp(dest)
     try:
         yield tmp_path
         with open(tmp_path, "rb+") as fh:

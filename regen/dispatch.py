@@ -107,7 +107,7 @@ class Dispatcher:
         urls: list[str],
         protocol,
         source: Iterator[list[Job]],
-        sink: Callable[[bytes], None],
+        sink: Callable[[bytes, Result], None],
         progress: Progress,
         settings: DispatchSettings,
         headers: dict[str, str] | None = None,
@@ -415,7 +415,7 @@ class Dispatcher:
             ep.name, job.attempts, latency, self.protocol.model or self.model, self._sampling_for(ep, job), job.seed, time.time(),
             *_turn_fields(job),
         )
-        self.sink(encode(r))
+        self.sink(encode(r), r)
         # A conversation goes on with its next turn, on the history regenerated so far, only after an ok
         # turn; its record is appended first, so the journal holds turn k before turn k + 1 (a resume
         # never sees a later turn without the earlier one). A length cut ends the conversation.
@@ -435,7 +435,7 @@ class Dispatcher:
             ep.name if ep is not None else "", job.attempts, latency, self.protocol.model or self.model, self._sampling_for(ep, job), job.seed, time.time(),
             *_turn_fields(job),
         )
-        self.sink(encode(r))
+        self.sink(encode(r), r)
         self.progress.record("failed", 0)
         if ep is not None:
             ep.counts.failed += 1

@@ -147,3 +147,54 @@ def test_duplicate_records_inside_one_segment_keep_the_first(tmp_path):
 def test_empty_or_single_results_make_valid_tables(n):
     t = results_table([_result(0)] * n)
     assert t.num_rows == n and t.schema == shard_schema()
+
+
+@pytest.mark.parametrize("with_results", ["all", "some"])
+def test_a_shard_written_row_group_by_row_group_equals_the_shard_built_from_its_log(tmp_path, with_results):
+    """Records appended with their Result are written into the shard a row group at a time while the
+    run goes on; the closed shard holds exactly what building it from the segment log gives, in row
+    groups of SHARD_ROW_GROUP. A segment with a record that came without its Result is built from the log."""
+    from dqa.regen.journal import SHARD_ROW_GROUP
+
+    rec = recover(tmp_path)
+    j = Journal(tmp_path, "s0of1", rec.next_seq, shard_rows=100_000, commit_interval=0.005)
+    j.start()
+    results = [_result(r, status="failed" if r % 97 == 0 else "ok", n_out=r % 11) for r in range(2 * SHARD_ROW_GROUP + 300)]
+    frames = [encode(r) for r in results]
+    for i, (frame, r) in enumerate(zip(frames, results)):
+        j.append(frame, None if (with_results == "some" and i == 1000) else r)
+        if i % 500 == 0:
+            time.sleep(0.01)  # several commits, so row groups are written before the close
+    j.close()
+    (shard,) = list_shards(tmp_path)
+    got = pq.read_table(shard)
+    want = results_table(decode_segment(b"".join(frames))[0])
+    assert got.equals(want)
+    md = pq.ParquetFile(shard).metadata
+    assert [md.row_group(g).num_rows for g in range(md.num_row_groups)] == [SHARD_ROW_GROUP, SHARD_ROW_GROUP, 300]
+    assert not [p for p in (tmp_path / "shards").iterdir() if p.name.startswith(".tmp-")]
+    assert not list((tmp_path / "journal").glob("*.log"))
+
+
+def test_a_crash_while_a_shard_is_half_written_leaves_only_the_log(tmp_path):
+    """The half-written shard is a temp file: recovery removes it and compacts the segment log."""
+    from dqa.regen.journal import SHARD_ROW_GROUP
+
+    rec = recover(tmp_path)
+    j = Journal(tmp_path, "s0of1", rec.next_seq, shard_rows=100_000, commit_interval=0.005)
+    j.start()
+    for r in range(SHARD_ROW_GROUP + 10):
+        j.append(encode(_result(r)), _result(r))
+    deadline = time.monotonic() + 10
+    while j.durable < SHARD_ROW_GROUP + 10 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    temps = [p for p in (tmp_path / "shards").iterdir() if p.name.startswith(".tmp-")]
+    assert temps  # a row group is on disk in the shard being written
+    j._rotate = lambda reopen: None  # a crash: the thread stops with the shard half written, no rotation
+    j._stop = True
+    j._wake.set()
+    j._thread.join()
+    again = recover(tmp_path)
+    assert not [p for p in (tmp_path / "shards").iterdir() if p.name.startswith(".tmp-")]
+    assert again.recovered_records == SHARD_ROW_GROUP + 10
+    assert sorted(read_shards(tmp_path).column("row").to_pylist()) == list(range(SHARD_ROW_GROUP + 10))
