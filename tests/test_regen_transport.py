@@ -63,6 +63,25 @@ class Scripted:
         await self.server.wait_closed()
 
 
+async def two_posts(t, url):
+    """Client steps: two requests, one after the other."""
+    return await t.post(url, b"{}"), await t.post(url, b"{}")
+
+
+async def failed_post(t, url):
+    """Client steps: one request that must fail; returns its TransportError."""
+    with pytest.raises(TransportError) as info:
+        await t.post(url, b"{}")
+    return info.value
+
+
+async def timed_failed_post(t, url):
+    """``failed_post``, and how long the request took to fail."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    return await failed_post(t, url), loop.time() - t0
+
+
 def run(replies, client_steps, **transport_kwargs):
     """Start a scripted server, run ``client_steps(transport, url)``, return (its result, server)."""
 
@@ -96,10 +115,7 @@ def test_a_kept_alive_connection_serves_every_request_and_the_request_is_well_fo
 def test_a_chunked_reply_is_reassembled():
     chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n6;ext=1\r\n:[1,2]\r\n1\r\n}\r\n0\r\n\r\n"
 
-    async def steps(t, url):
-        return await t.post(url, b"{}"), await t.post(url, b"{}")
-
-    out, srv = run([chunked, ok()], steps)
+    out, srv = run([chunked, ok()], two_posts)
     assert out == ((200, b'{"a":[1,2]}'), (200, JSON_OK)) and srv.connections == 1
 
 
@@ -158,12 +174,7 @@ def test_a_broken_reply_is_an_io_error_naming_what_broke(reply, words):
         await writer.drain()
         writer.close()
 
-    async def steps(t, url):
-        with pytest.raises(TransportError) as info:
-            await t.post(url, b"{}")
-        return info.value
-
-    err, _ = run([send_and_close], steps)
+    err, _ = run([send_and_close], failed_post)
     assert err.kind == "io" and words in str(err)
 
 
@@ -171,14 +182,7 @@ def test_no_reply_within_the_read_timeout_is_a_timeout():
     async def never(writer):
         await asyncio.sleep(5)
 
-    async def steps(t, url):
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        with pytest.raises(TransportError) as info:
-            await t.post(url, b"{}")
-        return info.value, loop.time() - t0
-
-    (err, waited), _ = run([never], steps, read_timeout=0.2)
+    (err, waited), _ = run([never], timed_failed_post, read_timeout=0.2)
     assert err.kind == "timeout" and "timed out" in str(err)
     assert waited < 4  # the timeout, not the server, ended the wait
 
@@ -241,12 +245,7 @@ def test_a_fresh_connection_dropped_without_a_reply_is_an_error():
     async def drop(writer):
         writer.close()
 
-    async def steps(t, url):
-        with pytest.raises(TransportError) as info:
-            await t.post(url, b"{}")
-        return info.value
-
-    err, srv = run([drop], steps)
+    err, srv = run([drop], failed_post)
     assert err.kind == "io" and srv.connections == 1
 
 
@@ -258,10 +257,7 @@ def test_interim_1xx_replies_are_skipped():
 def test_bytes_after_a_reply_make_its_connection_unfit_for_reuse():
     """Anything past the reply could only be mistaken for the next request's reply."""
 
-    async def steps(t, url):
-        return await t.post(url, b"{}"), await t.post(url, b"{}")
-
-    out, srv = run([ok() + b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n\"stale\"", ok(b"{}")], steps)
+    out, srv = run([ok() + b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n\"stale\"", ok(b"{}")], two_posts)
     assert out == ((200, JSON_OK), (200, b"{}")) and srv.connections == 2
 
 
@@ -271,32 +267,19 @@ def test_bytes_after_a_reply_make_its_connection_unfit_for_reuse():
     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
 ])
 def test_malformed_framing_fails_at_once_as_an_io_error(reply):
-    async def steps(t, url):
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        with pytest.raises(TransportError) as info:
-            await t.post(url, b"{}")
-        return info.value, loop.time() - t0
-
-    (err, waited), _ = run([reply], steps, read_timeout=30)
+    (err, waited), _ = run([reply], timed_failed_post, read_timeout=30)
     assert err.kind == "io" and "malformed" in str(err) and waited < 5
 
 
 def test_a_chunked_reply_with_a_trailer_leaves_the_connection_clean():
     chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX-Checksum: 1\r\n\r\n"
 
-    async def steps(t, url):
-        return await t.post(url, b"{}"), await t.post(url, b"{}")
-
-    out, srv = run([chunked, ok()], steps)
+    out, srv = run([chunked, ok()], two_posts)
     assert out == ((200, b"{}"), (200, JSON_OK)) and srv.connections == 1
 
 
 def test_connection_close_among_other_tokens_closes():
-    async def steps(t, url):
-        return await t.post(url, b"{}"), await t.post(url, b"{}")
-
-    out, srv = run([ok(extra=b"Connection: close, TE\r\n"), ok()], steps)
+    out, srv = run([ok(extra=b"Connection: close, TE\r\n"), ok()], two_posts)
     assert srv.connections == 2
 
 
