@@ -44,9 +44,9 @@ def findings_for(dataset: str | Path) -> Path:
     """Where ``dqa scan DATASET`` writes its findings by default: ``findings.parquet`` in the
     dataset's default scan folder (``dqa.audit.scan.default_out_dir``, keyed by identity, so a
     same-named other dataset's findings are never picked)."""
-    from dqa.audit.scan import default_out_dir
+    from dqa.audit.identity import default_scan_dir  # what default_out_dir returns, without importing the scan (polars)
 
-    return default_out_dir(dataset) / "findings.parquet"
+    return default_scan_dir(dataset) / "findings.parquet"
 
 
 def check_findings_for(findings: Path, dataset) -> None:

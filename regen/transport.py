@@ -168,6 +168,8 @@ class _Reply(asyncio.Protocol):
         for line in lines[1:]:
             name, _, value = line.partition(b":")
             name = name.strip().lower()
+            if name not in _FRAMING:  # date, server, content-type, ...
+                continue
             tokens = {t.strip() for t in value.lower().split(b",")} - {b""}
             if name == b"content-length":
                 if len(tokens) != 1 or not next(iter(tokens)).isdigit():
@@ -175,7 +177,7 @@ class _Reply(asyncio.Protocol):
                 length = int(next(iter(tokens)))
             elif name == b"transfer-encoding":
                 chunked = b"chunked" in tokens
-            elif name == b"connection":
+            else:
                 keep = b"keep-alive" in tokens or (keep and b"close" not in tokens)
         start = end + 4
         if chunked:
@@ -201,6 +203,9 @@ class _Reply(asyncio.Protocol):
             self.reusable = False  # bytes after the reply
         assert self.waiter is not None
         self.waiter.set_result((status, body, keep and self.reusable))
+
+
+_FRAMING = frozenset((b"content-length", b"transfer-encoding", b"connection"))  # the headers that frame a reply
 
 
 def _dechunk(buf: bytearray, pos: int) -> tuple[bytes, int] | None:
