@@ -322,27 +322,16 @@ def _shares(sup_mix: np.ndarray, total: np.ndarray, dups: np.ndarray, lo: np.nda
     return share
 
 
-def _segments_repeat_share(sup_mix: np.ndarray, pos: np.ndarray, h: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Share of each segment's 8-grams ``sup_mix[lo[r]:hi[r]]`` that repeat an earlier 8-gram of the
-    same segment, from the sampled 8-grams (``pos``, ``h``: ``_anchor_ngrams``).
-
-    Segments are sorted and disjoint (gaps allowed). Estimated on a consistent sample: the
-    n-grams that start at an anchor token (a fixed 1/8 of the vocabulary). Equal n-grams start
-    with equal tokens, so repeats survive sampling; thin samples are measured exactly (``_shares``).
-    """
-    n = len(lo)
-    if sup_mix.size < NGRAM or n == 0:
-        return np.zeros(n, dtype=np.float64)
-    seg, inside = _segment_of(pos, lo, hi)
-    total, dups = _repeat_counts(seg[inside], h[inside], n)
-    return _shares(sup_mix, total, dups, lo, hi)
-
-
 def _row_and_turn_repeat_shares(sup_mix: np.ndarray, pos: np.ndarray, h: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                                 t_lo: np.ndarray, t_hi: np.ndarray, t_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``_segments_repeat_share`` of the rows ``[lo, hi)`` (sorted, disjoint) and of the turns
-    ``[t_lo, t_hi)`` (sorted, disjoint, each inside its row ``t_row``; none is fine), from one sort
-    of the sampled 8-grams (``pos`` sorted, ``h``: ``_anchor_ngrams``).
+    """Share of the 8-grams of each row ``sup_mix[lo[r]:hi[r]]`` (sorted, disjoint, gaps allowed)
+    that repeat an earlier 8-gram of the same row, and the same for each turn ``[t_lo, t_hi)``
+    (sorted, disjoint, each inside its row ``t_row``; none is fine), from one sort of the sampled
+    8-grams (``pos`` sorted, ``h``: ``_anchor_ngrams``).
+
+    Estimated on a consistent sample: the n-grams that start at an anchor token (a fixed 1/8 of
+    the vocabulary). Equal n-grams start with equal tokens, so repeats survive sampling; thin
+    samples are measured exactly (``_shares``).
 
     The sort key is (row, hash, turn within the row): an 8-gram repeats one of its row when the
     (row, hash) part equals its predecessor's, and one of its turn when the whole key does.
@@ -405,9 +394,10 @@ def _row_and_turn_repeat_shares_by_two_sorts(sup_mix: np.ndarray, pos: np.ndarra
 def _ngram_repeat_share(sup_mix: np.ndarray, anchors: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     """Share of each row's supervised 8-grams that repeat an earlier 8-gram of the same row
     (rows ``sup_mix[bounds[r]:bounds[r+1]]``; ``anchors``: positions in ``sup_mix`` of anchor
-    tokens). See ``_segments_repeat_share``."""
+    tokens). See ``_row_and_turn_repeat_shares``."""
     pos, h = _anchor_ngrams(sup_mix, anchors)
-    return _segments_repeat_share(sup_mix, pos, h, bounds[:-1], bounds[1:])
+    none = np.zeros(0, dtype=np.int64)
+    return _row_and_turn_repeat_shares(sup_mix, pos, h, bounds[:-1], bounds[1:], none, none, none)[0]
 
 
 def _matches(ids: np.ndarray, pos: np.ndarray, limit: np.ndarray, seq) -> np.ndarray:

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from dqa.regen.transport import AiohttpTransport, Transport, TransportError
+
 OK = "ok"
 LENGTH = "length"
 RETRY = "retry"
@@ -175,8 +177,6 @@ async def call(
     replies (its hooks). Never raises for HTTP or connection trouble; ``asyncio.CancelledError``
     propagates.
     """
-    from dqa.regen.transport import AiohttpTransport, Transport, TransportError
-
     if not isinstance(transport, Transport):
         transport = AiohttpTransport(transport, headers, timeout)
     off = protocol.extras_for(url)
