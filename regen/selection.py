@@ -24,7 +24,11 @@ import numpy as np
 from dqa.arrays import ranks as _ranks
 from dqa.errors import InputError, UsageError
 from dqa.regen.client import Job
-from dqa.regen.prompts import NO_HEADER, TURN_MODES, Conversation, header_starts, prompt_ends, sample_seed, turn_ends
+from dqa.regen.prompts import TURN_MODES, Conversation, header_starts, sample_seed, turn_ends
+
+# The first list of jobs is short, so the first requests go out within milliseconds of the start.
+FIRST_CHUNK = 256
+
 
 def parse_shard(text: str | None) -> tuple[int, int]:
     """``"i/N"`` -> ``(i, N)``; None -> ``(0, 1)``. Raises ``UsageError`` unless ``0 <= i < N``."""
@@ -270,8 +274,11 @@ def read_first_turns(path: Path, rows: np.ndarray) -> np.ndarray:
 
 def iter_turn_jobs(dataset, rows: np.ndarray, fmt, mode: str = "flagged", first_flagged: np.ndarray | None = None,
                    partial: dict[int, dict[int, np.ndarray]] | None = None, seed_base: int = 0,
-                   batch_rows: int = 4096, generation_prompt: tuple[int, ...] | None = None) -> Iterator[list[Job]]:
-    """Stream the first pending turn's ``TurnJob`` of each selected row, one list per dataset batch.
+                   batch_rows: int = 4096, generation_prompt: tuple[int, ...] | None = None,
+                   first_chunk: int = FIRST_CHUNK) -> Iterator[list[Job]]:
+    """Stream the first pending turn's ``TurnJob`` of each selected row, in dataset order, one list
+    per dataset batch (the first ``first_chunk`` rows come as a list of their own, so the first
+    requests go out before the whole first batch is built).
 
     Which turns a conversation regenerates (``mode``): ``last`` its final assistant turn; ``all``
     every assistant turn; ``flagged`` from the first turn the findings flag (``first_flagged``,
@@ -279,9 +286,10 @@ def iter_turn_jobs(dataset, rows: np.ndarray, fmt, mode: str = "flagged", first_
     ``partial`` (turn -> output of the turns an earlier session recorded ok) continues at its next
     turn on that regenerated history. Every prompt ends in ``generation_prompt`` (default: the
     format's, thinking on; the openai protocol passes the bare header, its server's template adds
-    the rest). A row without an assistant header becomes a job with
-    ``error`` set (recorded as failed, never sent). Header positions come from one vectorized
-    pass per batch; a conversation's turn bounds and prompt are built per conversation.
+    the rest). A row without an assistant header becomes a job with ``error`` set (recorded as
+    failed, never sent). Header positions, and the prompts of rows with one turn to regenerate
+    (all single-turn data), come from vectorized passes per batch; a conversation with later turns
+    to regenerate is built per conversation. Raises ``UsageError`` for an unknown ``mode``.
     """
     if mode not in TURN_MODES:
         raise UsageError(f"--turns {mode!r}: expected one of {', '.join(TURN_MODES)}")
@@ -293,64 +301,119 @@ def iter_turn_jobs(dataset, rows: np.ndarray, fmt, mode: str = "flagged", first_
     gen_ids = tuple(fmt.generation_prompt if generation_prompt is None else generation_prompt)
     gen = np.asarray(gen_ids, dtype=np.int32)
     last = int(rows[-1])
+    chunk = max(1, first_chunk)
     for b in dataset.batches(batch_rows=batch_rows):
         lo, hi = b.start_row, b.start_row + b.num_rows
         i0, i1 = np.searchsorted(rows, [lo, hi])
         if i1 > i0:
-            local = rows[i0:i1] - lo
             hpos, hrow = header_starts(b.ids, b.offsets, header)
-            h_lo = np.searchsorted(hrow, local, side="left")
-            h_hi = np.searchsorted(hrow, local, side="right")
-            ids_col = b.row_ids.take(local).cast("string").to_pylist() if b.row_ids is not None else [None] * local.size
-            jobs: list[Job] = []
-            for k in range(local.size):
-                row = lo + int(local[k])
-                sid = ids_col[k]
-                key = sid if sid is not None else str(row)
-                n = int(h_hi[k] - h_lo[k])
-                if n == 0:
-                    err = f"row {row}: no assistant header in input_ids; nothing to regenerate from"
-                    jobs.append(TurnJob(row, sid, np.zeros(0, np.int32), sample_seed(key, seed_base), -1, 0, 0, error=err))
-                    continue
-                start = int(b.offsets[local[k]])
-                heads = hpos[h_lo[k]:h_hi[k]] - start
-                done = partial.get(row)
-                if done:
-                    first = min(done)
-                elif mode == "all":
-                    first = 0
-                elif mode == "flagged" and first_flagged is not None and 0 <= int(first_flagged[i0 + k]) < n:
-                    first = int(first_flagged[i0 + k])
-                else:
-                    first = n - 1
-                orig = b.ids[start : int(b.offsets[local[k] + 1])]
-                if first == n - 1 and not done:
-                    # One turn to regenerate (all single-turn data): the row up to that header, then
-                    # the generation prompt; no conversation state to carry.
-                    cut = int(heads[first])
-                    prompt = np.concatenate([orig[:cut], gen]).astype(np.int32, copy=False)
-                    jobs.append(TurnJob(row, sid, prompt, sample_seed(key, seed_base), first, n, cut + hlen))
-                    continue
-                orig = np.array(orig, dtype=np.int32)  # kept past the batch, for later turns' prompts
-                conv = Conversation(row, sid, orig, heads.astype(np.int64), turn_ends(orig, heads, fmt), first, fmt, seed_base, gen_ids)
-                for t, out in (done or {}).items():
-                    conv.outputs[t] = out
-                nxt = conv.next_turn()
-                if nxt >= n:
-                    continue  # every turn recorded (recovery counts it as ended; not expected here)
-                jobs.append(turn_job(conv, nxt))
-            _prebuild_texts(jobs)
-            yield jobs
+            c0 = i0
+            while c0 < i1:
+                c1 = min(i1, c0 + chunk) if chunk else i1
+                chunk = 0  # only the very first list is short
+                ff = first_flagged[c0:c1] if mode == "flagged" and first_flagged is not None else None
+                yield _batch_turn_jobs(b, rows[c0:c1] - lo, hpos, hrow, mode, ff, partial, seed_base, gen, gen_ids, hlen, fmt)
+                c0 = c1
         if hi > last:
             return
 
 
-def _prebuild_texts(jobs: list[Job]) -> None:
-    """Each sendable job's prompt as JSON list items (``b"1,2,3"``), built for the whole list with
-    Arrow kernels (off the event loop, without the GIL), as ``iter_jobs`` does."""
+def _batch_turn_jobs(b, local: np.ndarray, hpos: np.ndarray, hrow: np.ndarray, mode: str, first_flagged: np.ndarray | None,
+                     partial: dict, seed_base: int, gen: np.ndarray, gen_ids: tuple[int, ...], hlen: int, fmt) -> list[Job]:
+    """The jobs of the batch rows ``local`` (see ``iter_turn_jobs``)."""
+    lo = b.start_row
+    h_lo = np.searchsorted(hrow, local, side="left")
+    h_hi = np.searchsorted(hrow, local, side="right")
+    n_heads = h_hi - h_lo
+    starts = b.offsets[local].astype(np.int64)
+    if mode == "all":
+        first = np.zeros(local.size, dtype=np.int64)
+    elif first_flagged is not None:
+        ff = np.asarray(first_flagged, dtype=np.int64)
+        first = np.where((ff >= 0) & (ff < n_heads), ff, n_heads - 1)
+    else:
+        first = n_heads - 1
+    resumed = np.zeros(local.size, dtype=bool)
+    if partial:
+        resumed = np.isin(local + lo, np.fromiter(partial, dtype=np.int64, count=len(partial)))
+    # One turn to regenerate (all single-turn data): the row up to that header, then the
+    # generation prompt; built for the whole list at once, with no conversation state to carry.
+    single = (n_heads > 0) & (first == n_heads - 1) & ~resumed
+    s_idx = np.flatnonzero(single)
+    cuts = hpos[h_hi[s_idx] - 1] - starts[s_idx] if s_idx.size else np.zeros(0, dtype=np.int64)
+    values, p_off = _prompts_then(b.ids, starts[s_idx], cuts, gen)
+    texts = _id_texts(values, p_off)
+    slot = np.full(local.size, -1, dtype=np.int64)
+    slot[s_idx] = np.arange(s_idx.size)
+    ids_col = b.row_ids.take(local).cast("string").to_pylist() if b.row_ids is not None else [None] * local.size
+    jobs: list[Job] = []
+    built: list[Job] = []  # conversation jobs, whose prompt texts are built at the end
+    for k in range(local.size):
+        row = lo + int(local[k])
+        sid = ids_col[k]
+        seed = sample_seed(sid if sid is not None else str(row), seed_base)
+        s = slot[k]
+        if s >= 0:
+            job = TurnJob(row, sid, values[p_off[s] : p_off[s + 1]], seed, int(first[k]), int(n_heads[k]), int(cuts[s]) + hlen)
+            job.prompt_text = texts[s]
+            jobs.append(job)
+            continue
+        n = int(n_heads[k])
+        if n == 0:
+            err = f"row {row}: no assistant header in input_ids; nothing to regenerate from"
+            jobs.append(TurnJob(row, sid, np.zeros(0, np.int32), seed, -1, 0, 0, error=err))
+            continue
+        start = int(starts[k])
+        heads = hpos[h_lo[k] : h_hi[k]] - start
+        done = partial.get(row)
+        orig = np.array(b.ids[start : int(b.offsets[local[k] + 1])], dtype=np.int32)  # kept past the batch, for later turns' prompts
+        conv = Conversation(row, sid, orig, heads.astype(np.int64), turn_ends(orig, heads, fmt), min(done) if done else int(first[k]),
+                            fmt, seed_base, gen_ids)
+        for t, out in (done or {}).items():
+            conv.outputs[t] = out
+        nxt = conv.next_turn()
+        if nxt >= n:
+            continue  # every turn recorded (recovery counts it as ended; not expected here)
+        job = turn_job(conv, nxt)
+        jobs.append(job)
+        built.append(job)
+    _prebuild_texts(built)
+    return jobs
+
+
+def _prompts_then(ids: np.ndarray, starts: np.ndarray, cuts: np.ndarray, tail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``ids[starts[k] : starts[k] + cuts[k]]`` followed by ``tail``, for every k, as one flat int32
+    array and its offsets (prompt k is ``values[p_off[k] : p_off[k + 1]]``)."""
+    lens = cuts + tail.size
+    p_off = np.zeros(lens.size + 1, dtype=np.int64)
+    np.cumsum(lens, out=p_off[1:])
+    values = np.empty(int(p_off[-1]), dtype=np.int32)
+    r = _ranks(cuts)
+    values[np.repeat(p_off[:-1], cuts) + r] = ids[np.repeat(starts, cuts) + r]
+    if tail.size:
+        values[(p_off[:-1] + cuts)[:, None] + np.arange(tail.size)] = tail
+    return values, p_off
+
+
+def _id_texts(values: np.ndarray, p_off: np.ndarray) -> list[bytes]:
+    """Each prompt of the flat ``values`` (prompt k is ``values[p_off[k] : p_off[k + 1]]``) as JSON
+    list items, ``b"1,2,3"``: what a request body embeds. Built with Arrow kernels, which release
+    the GIL (the refill thread runs beside the event loop)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    n = p_off.size - 1
+    if n <= 0:
+        return []
+    strings = pc.cast(pa.array(values, pa.int32()), pa.string())
+    text = pc.binary_join(pa.ListArray.from_arrays(pa.array(p_off, pa.int64()).cast(pa.int32()), strings), ",")
+    t_off = np.frombuffer(text.buffers()[1], dtype=np.int32, count=len(text) + 1, offset=text.offset * 4)
+    t_data = text.buffers()[2].to_pybytes() if text.buffers()[2] is not None else b""
+    return [t_data[t_off[k] : t_off[k + 1]] for k in range(n)]
+
+
+def _prebuild_texts(jobs: list[Job]) -> None:
+    """Set each sendable job's ``prompt_text`` (``_id_texts``), built for the whole list at once."""
     todo = [j for j in jobs if j.error is None]
     if not todo:
         return
@@ -358,56 +421,5 @@ def _prebuild_texts(jobs: list[Job]) -> None:
     p_off = np.zeros(len(todo) + 1, dtype=np.int64)
     np.cumsum(lens, out=p_off[1:])
     values = np.concatenate([j.prompt for j in todo]).astype(np.int32, copy=False)
-    listed = pa.ListArray.from_arrays(pa.array(p_off.astype(np.int32)), pa.array(values, pa.int32()))
-    text = pc.binary_join(pa.ListArray.from_arrays(listed.offsets, pc.cast(listed.values, pa.string())), ",")
-    t_off = np.frombuffer(text.buffers()[1], dtype=np.int32, count=len(text) + 1, offset=text.offset * 4)
-    t_data = text.buffers()[2].to_pybytes() if text.buffers()[2] is not None else b""
-    for k, j in enumerate(todo):
-        j.prompt_text = t_data[t_off[k] : t_off[k + 1]]
-
-
-def iter_jobs(dataset, rows: np.ndarray, header: tuple[int, ...], seed_base: int = 0, batch_rows: int = 4096) -> Iterator[list[Job]]:
-    """Stream ``Job`` lists, one per dataset batch that holds selected rows, in dataset order.
-
-    A selected row without an assistant header becomes a ``Job`` with
-    ``error`` set (recorded as failed, never sent). Prompts are gathered and
-    their JSON text (``"1,2,3"``) is built per batch with Arrow kernels, off the
-    event loop and without the GIL. Memory is bounded by a batch.
-    """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if rows.size == 0:
-        return
-    last = int(rows[-1])
-    for b in dataset.batches(batch_rows=batch_rows):
-        lo, hi = b.start_row, b.start_row + b.num_rows
-        i0, i1 = np.searchsorted(rows, [lo, hi])
-        if i1 > i0:
-            local = rows[i0:i1] - lo
-            ends = prompt_ends(b.ids, b.offsets, header)[local]
-            lens = np.where(ends == NO_HEADER, 0, ends)
-            starts = b.offsets[local]
-            p_off = np.zeros(local.size + 1, dtype=np.int64)
-            np.cumsum(lens, out=p_off[1:])
-            values = b.ids[np.repeat(starts, lens) + _ranks(lens)]
-            listed = pa.ListArray.from_arrays(pa.array(p_off.astype(np.int32)), pa.array(values, pa.int32()))
-            text = pc.binary_join(pa.ListArray.from_arrays(listed.offsets, pc.cast(listed.values, pa.string())), ",")
-            t_off = np.frombuffer(text.buffers()[1], dtype=np.int32, count=len(text) + 1, offset=text.offset * 4)
-            t_data = text.buffers()[2].to_pybytes() if text.buffers()[2] is not None else b""
-            ids_col = b.row_ids.take(local).cast("string").to_pylist() if b.row_ids is not None else [None] * local.size
-            jobs = []
-            for k in range(local.size):
-                row = lo + int(local[k])
-                sid = ids_col[k]
-                key = sid if sid is not None else str(row)
-                if ends[k] == NO_HEADER:
-                    err = f"row {row}: no assistant header in input_ids; nothing to regenerate from"
-                    jobs.append(Job(row, sid, values[0:0], sample_seed(key, seed_base), error=err))
-                    continue
-                job = Job(row, sid, values[p_off[k] : p_off[k + 1]], sample_seed(key, seed_base))
-                job.prompt_text = t_data[t_off[k] : t_off[k + 1]]
-                jobs.append(job)
-            yield jobs
-        if hi > last:
-            return
+    for j, text in zip(todo, _id_texts(values, p_off)):
+        j.prompt_text = text

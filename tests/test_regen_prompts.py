@@ -7,7 +7,6 @@ import pytest
 
 from chatdata import ASSISTANT, IM_END, IM_START, NL, NLNL, THINK, END_THINK, render, tokenizer
 from dqa.regen.prompts import NO_HEADER, chatml_messages, prompt_ends, sample_seed
-from regen_helpers import degenerate_dataset
 
 HEADER = (IM_START, ASSISTANT, NL)
 
@@ -87,20 +86,3 @@ def test_chatml_messages_reject_a_prompt_that_is_not_an_open_assistant_turn():
     ids, _ = render([{"role": "user", "content": "Hello"}])
     with pytest.raises(ValueError):
         chatml_messages(ids, tokenizer(), IM_START, IM_END)
-
-
-def test_jobs_stream_prompts_ids_and_seeds_of_the_selected_rows(tmp_path):
-    from dqa.audit.readers import open_dataset
-    from dqa.regen.selection import iter_jobs
-
-    path = degenerate_dataset(tmp_path / "d.parquet", 10)
-    ds = open_dataset(path)
-    rows = np.array([1, 4, 9])
-    jobs = [j for batch in iter_jobs(ds, rows, HEADER, batch_rows=3) for j in batch]
-    assert [j.row for j in jobs] == [1, 4, 9]
-    assert [j.sample_id for j in jobs] == ["sample-1", "sample-4", "sample-9"]
-    full = ds.batches().__next__()
-    for j in jobs:
-        row = full.ids[full.offsets[j.row] : full.offsets[j.row + 1]]
-        assert list(j.prompt[-3:]) == list(HEADER) and np.array_equal(j.prompt, row[: j.prompt.size])
-        assert j.seed == sample_seed(j.sample_id) and j.error is None

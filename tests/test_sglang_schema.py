@@ -54,7 +54,7 @@ def _jobs() -> list[Job]:
         Job(3, 'id with "quotes", \\ and ünïcode', np.asarray(PROMPT * 3, np.int32), 123456789),
     ]
     prebuilt = Job(4, "prebuilt", np.asarray(PROMPT, np.int32), 5)
-    prebuilt.prompt_text = ",".join(map(str, PROMPT)).encode()  # how iter_jobs hands prompts over
+    prebuilt.prompt_text = ",".join(map(str, PROMPT)).encode()  # how iter_turn_jobs hands prompts over
     return jobs + [prebuilt]
 
 
