@@ -37,7 +37,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from dqa.regen.client import FAIL, FATAL, LENGTH, OK, RETRY, Job, Outcome, call
-from dqa.regen.transport import Http11Transport
+from dqa.regen.transport import Http11Transport, TransportError
 from dqa.regen.journal import Result, encode
 from dqa.regen.progress import EndpointCounts, Progress
 from dqa.regen.server_probe import SeedNotice, ServerFacts, describe, discover
@@ -178,18 +178,11 @@ class Dispatcher:
     # -- main ---------------------------------------------------------------------------
     async def run(self) -> str:
         """Dispatch until done, stopped or failed. Returns ``finished``, ``interrupted`` or ``failed`` (see ``fatal``)."""
-        import aiohttp
-
         self.loop = asyncio.get_running_loop()
         self.wake = asyncio.Event()
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=75)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.s.connect_timeout, sock_read=self.s.request_timeout)
-        # Headers (content type, bearer token) live on the session: nothing to merge per request.
-        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar(), headers=self.headers)
-        # The generation requests go through dqa's own HTTP/1.1 transport (a third of aiohttp's CPU per
-        # request); health checks and discovery keep the aiohttp session.
+        # Generation requests, health checks and discovery all go through dqa's own HTTP/1.1
+        # transport (a third of aiohttp's CPU per request); its headers carry the bearer token.
         self.transport = Http11Transport(self.headers, connect_timeout=self.s.connect_timeout, read_timeout=self.s.request_timeout)
-        self._health_timeout = aiohttp.ClientTimeout(total=self.s.health_timeout)
         ticker = self.loop.create_task(self._ticker())
         try:
             await self._dispatch_loop()
@@ -200,7 +193,6 @@ class Dispatcher:
                 t.cancel()
             await asyncio.gather(ticker, *tasks, return_exceptions=True)
             await self.transport.close()
-            await self.session.close()
         if self.fatal:
             return "failed"
         return "interrupted" if self.stopping else "finished"
@@ -521,18 +513,16 @@ class Dispatcher:
         self.wake.set()
 
     async def _health(self, ep: Endpoint) -> tuple[bool, str]:
-        import aiohttp
-
         paths = self.health_paths
+        timeout = self.s.health_timeout
         for _ in range(len(paths)):
             try:
-                async with self.session.get(ep.url + ep.health_path, timeout=self._health_timeout) as r:
-                    await r.read()
-                    status = r.status
-            except asyncio.TimeoutError:
-                return False, f"{ep.health_path} timed out"
-            except (aiohttp.ClientError, OSError) as exc:
-                return False, f"{ep.health_path}: {type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
+                status, _ = await self.transport.request("GET", ep.url + ep.health_path, timeout=timeout,
+                                                         connect_timeout=min(self.s.connect_timeout, timeout))
+            except TransportError as exc:
+                if exc.kind == "timeout":
+                    return False, f"{ep.health_path} timed out"
+                return False, f"{ep.health_path}: {' '.join(str(exc).split())[:120]}"
             later = paths[paths.index(ep.health_path) + 1:] if ep.health_path in paths else ()
             if status == 404 and later:
                 ep.health_path = later[0]  # servers without it (transformers serve has no /health_generate)
@@ -553,7 +543,7 @@ class Dispatcher:
         the start-up preflight could not (it was not up yet)."""
         if ep.facts is not None and ep.facts.complete:
             return
-        facts = await discover(self.session, ep.url, self._health_timeout)
+        facts = await discover(self.transport, ep.url, self.s.health_timeout)
         if facts.complete or ep.facts is None:
             self._learn(ep, facts)
             if facts.complete:

@@ -41,6 +41,7 @@ from dqa.errors import RuntimeFailure, UsageError
 
 from . import server_sglang as sg
 from .servers import KINDS
+from .transport import Http11Transport, Transport, TransportError
 from .servers.openai import PROBE_IDS, probe_token_ids, token_ids_answer  # noqa: F401  (the token-exact probe)
 from .urls import strip_userinfo
 
@@ -136,15 +137,11 @@ def facts_from(server_info: Any, models: Any) -> ServerFacts:
     return f
 
 
-async def _get_json(session, url: str, timeout) -> tuple[int | None, Any]:
+async def _get_json(transport: Transport, url: str, timeout: float) -> tuple[int | None, Any]:
     """(status, parsed JSON or None); status None when nothing answered."""
-    import aiohttp
-
     try:
-        async with session.get(url, timeout=timeout) as r:
-            raw = await r.read()
-            status = r.status
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        status, raw = await transport.request("GET", url, timeout=timeout)
+    except TransportError:
         return None, None
     if status != 200:
         return status, None
@@ -154,78 +151,59 @@ async def _get_json(session, url: str, timeout) -> tuple[int | None, Any]:
         return status, None
 
 
-async def discover(session, url: str, timeout) -> ServerFacts:
+async def discover(transport: Transport, url: str, timeout: float) -> ServerFacts:
     """Ask one endpoint (base URL) what it is: ``/server_info`` (``/get_server_info``) and
-    ``/v1/models``. Never raises for server behaviour."""
+    ``/v1/models``, each answering within ``timeout`` seconds. Never raises for server behaviour."""
     info = None
     for path in ("/server_info", "/get_server_info"):
-        status, obj = await _get_json(session, url + path, timeout)
+        status, obj = await _get_json(transport, url + path, timeout)
         if isinstance(obj, dict):
             info = obj
             break
-    _, models = await _get_json(session, url + "/v1/models", timeout)
+    _, models = await _get_json(transport, url + "/v1/models", timeout)
     return facts_from(info, models)
 
 
-async def route_status(session, url: str, timeout) -> int | None:
+async def route_status(transport: Transport, url: str, timeout: float) -> int | None:
     """The HTTP status of ``GET url`` (redirects not followed); None when nothing answered. A
     route that does not exist answers 404; a POST-only one 405."""
-    import aiohttp
-
     try:
-        async with session.get(url, timeout=timeout, allow_redirects=False) as r:
-            await r.read()
-            return r.status
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        status, _ = await transport.request("GET", url, timeout=timeout)
+    except TransportError:
         return None
+    return status
 
 
-def _connect_failure(exc: BaseException) -> bool:
-    """True for an error that means no connection was made (refused, no route, DNS, bad URL,
-    connect timeout); a read timeout or a dropped connection means something is there."""
-    import aiohttp
-
-    connect_timeout = getattr(aiohttp, "ConnectionTimeoutError", None)  # aiohttp >= 3.10
-    if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.InvalidURL)):
-        return True
-    if connect_timeout is not None and isinstance(exc, connect_timeout):
-        return True
-    return isinstance(exc, aiohttp.ServerTimeoutError) and "connection timeout" in str(exc).lower()
-
-
-async def _reachable(session, url: str, window: float, try_timeout: float, read_timeout: float) -> tuple[bool, str]:
+async def _reachable(transport: Transport, url: str, window: float, try_timeout: float, read_timeout: float) -> tuple[bool, str]:
     """Whether ``url`` answers HTTP at all (any status; a connection that is accepted but slow to
     answer counts too) within ``window`` seconds; the last connect error when it does not."""
-    import aiohttp
-
     deadline = time.monotonic() + window
     delay = 0.25
     err = ""
-    t = aiohttp.ClientTimeout(total=None, sock_connect=try_timeout, sock_read=read_timeout)
     while True:
         try:
-            async with session.get(url + "/health", timeout=t, allow_redirects=False) as r:
-                await r.read()
+            await transport.request("GET", url + "/health", timeout=read_timeout, connect_timeout=try_timeout)
             return True, ""
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-            if not _connect_failure(exc):
+        except TransportError as exc:
+            if exc.connected:
                 return True, ""  # connected, then slow or misbehaving: it is there
-            err = " ".join(str(exc).split())[:160] or type(exc).__name__
+            err = " ".join(str(exc).split())[:160] or exc.kind
         if time.monotonic() + delay > deadline:
             return False, err
         await asyncio.sleep(delay)
         delay = min(delay * 2, 1.0)
 
 
-async def _one(session, url: str, protocol: str, window: float, try_timeout: float, info_timeout) -> tuple[bool, str, ServerFacts, str | None]:
+async def _one(transport: Transport, url: str, protocol: str, window: float, try_timeout: float,
+               info_timeout: float) -> tuple[bool, str, ServerFacts, str | None]:
     name = strip_userinfo(url)
-    ok, err = await _reachable(session, url, window, try_timeout, info_timeout.total or 10.0)
+    ok, err = await _reachable(transport, url, window, try_timeout, info_timeout)
     if not ok:
         return False, err, ServerFacts(), None
-    facts = await discover(session, url, info_timeout)
+    facts = await discover(transport, url, info_timeout)
     kind = KINDS.get(protocol)
     # The protocol's own checks: its route exists (else the usage error), what route it takes.
-    wrong = await kind.preflight(session, url, name, facts, info_timeout) if kind is not None else None
+    wrong = await kind.preflight(transport, url, name, facts, info_timeout) if kind is not None else None
     return True, "", facts, wrong
 
 
@@ -238,12 +216,12 @@ async def preflight_async(
     Raises ``UsageError`` (exit 2) for an endpoint that does not speak ``protocol`` and
     ``RuntimeFailure`` (exit 3) when no endpoint answers at all.
     """
-    import aiohttp
-
     try_timeout = max(1.0, min(connect_timeout, 3.0))
-    timeout = aiohttp.ClientTimeout(total=info_timeout)
-    async with aiohttp.ClientSession(headers=headers or {}, cookie_jar=aiohttp.DummyCookieJar()) as session:
-        results = await asyncio.gather(*[_one(session, u, protocol, window, try_timeout, timeout) for u in urls])
+    transport = Http11Transport(headers, connect_timeout=try_timeout, read_timeout=info_timeout)
+    try:
+        results = await asyncio.gather(*[_one(transport, u, protocol, window, try_timeout, info_timeout) for u in urls])
+    finally:
+        await transport.close()
     for _, _, _, wrong in results:
         if wrong:
             raise UsageError(strip_userinfo(wrong))

@@ -1,15 +1,17 @@
 """The HTTP transport of regen's hot path: one POST per attempt, over kept-alive connections.
 
-``Transport`` is the extension point: ``post(url, body)`` returns ``(status, body)`` or raises a
-``TransportError`` saying what went wrong (the dispatcher retries those). Two implementations:
+``Transport`` is the extension point: ``post(url, body)`` (a generation request: the hot path)
+and ``request(method, url, ...)`` (health checks and start-up probes, with their own timeout)
+return ``(status, body)`` or raise a ``TransportError`` saying what went wrong (the dispatcher
+retries those). Two implementations:
 
 - ``Http11Transport`` (the default): a small HTTP/1.1 client on asyncio protocols. Regen sends the
   same request shape millions of times to a handful of servers, so the request head is built from a
   cached prefix and the reply is parsed for exactly what it needs (status, ``Content-Length`` or
   chunked body, ``Connection: close``). It costs about a third of aiohttp's client CPU per request
   (bench/README.md, regen client), which on a large fleet is the dispatcher's own ceiling.
-- ``AiohttpTransport``: the same over an ``aiohttp.ClientSession`` (health checks and discovery
-  keep using aiohttp; tests may pass a session).
+  Health checks and probes use it too, so a run never imports aiohttp (0.1-0.2 s of start-up).
+- ``AiohttpTransport``: the same over an ``aiohttp.ClientSession`` (tests may pass a session).
 
 Timeouts follow aiohttp's ``sock_connect`` / ``sock_read``: ``connect`` bounds opening a
 connection, ``read`` the wait for the next bytes of the reply (a non-streamed generation sends
@@ -35,11 +37,13 @@ class TransportError(Exception):
     """A request that got no complete reply. ``kind``: ``connect`` (no connection could be made:
     refused, unreachable, a bad address), ``timeout`` (connecting took over ``connect`` seconds, or
     no reply bytes came for ``read`` seconds) or ``io`` (the connection broke, or the reply was not
-    HTTP)."""
+    HTTP). ``connected``: whether a connection was made (False for ``connect``, and for a timeout
+    while connecting): something that accepts connections is there."""
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: str, message: str, connected: bool | None = None):
         super().__init__(message)
         self.kind = kind
+        self.connected = kind != "connect" if connected is None else connected
 
 
 class Transport:
@@ -47,6 +51,13 @@ class Transport:
 
     async def post(self, url: str, body: bytes) -> tuple[int, bytes]:
         """POST ``body`` (JSON) to ``url``; return ``(status, reply body)``. Raises ``TransportError``."""
+        raise NotImplementedError
+
+    async def request(self, method: str, url: str, body: bytes | None = None, timeout: float = 10.0,
+                      connect_timeout: float | None = None) -> tuple[int, bytes]:
+        """``method`` (GET, or POST with a JSON ``body``) to ``url``, redirects not followed:
+        connecting within ``connect_timeout`` seconds (default ``timeout``), then the whole reply
+        within ``timeout`` seconds. Returns ``(status, reply body)``; raises ``TransportError``."""
         raise NotImplementedError
 
     async def close(self) -> None:
@@ -70,6 +81,22 @@ class AiohttpTransport(Transport):
         except asyncio.TimeoutError:
             raise TransportError("timeout", "timed out waiting for the reply") from None
         except aiohttp.ClientConnectorError as exc:
+            raise TransportError("connect", str(exc)) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise TransportError("io", f"{type(exc).__name__}: {exc}") from None
+
+    async def request(self, method: str, url: str, body: bytes | None = None, timeout: float = 10.0,
+                      connect_timeout: float | None = None) -> tuple[int, bytes]:
+        import aiohttp
+
+        t = aiohttp.ClientTimeout(total=None, sock_connect=timeout if connect_timeout is None else connect_timeout, sock_read=timeout)
+        try:
+            async with self.session.request(method, url, data=body, headers=self.headers, timeout=t, allow_redirects=False) as resp:
+                return resp.status, await resp.read()
+        except asyncio.TimeoutError as exc:
+            connected = not isinstance(exc, getattr(aiohttp, "ConnectionTimeoutError", ()))
+            raise TransportError("timeout", "timed out", connected=connected) from None
+        except (aiohttp.ClientConnectorError, aiohttp.InvalidURL) as exc:
             raise TransportError("connect", str(exc)) from None
         except (aiohttp.ClientError, OSError) as exc:
             raise TransportError("io", f"{type(exc).__name__}: {exc}") from None
@@ -246,9 +273,10 @@ class Http11Transport(Transport):
         self._ssl: ssl.SSLContext | None = None
         self._sweeper: asyncio.Task | None = None
 
-    def _head(self, url: str) -> tuple[tuple[str, str, int], bytes]:
-        """The pool key and the request head up to ``Content-Length: `` for ``url`` (cached)."""
-        cached = self._heads.get(url)
+    def _head(self, url: str, method: str = "POST") -> tuple[tuple[str, str, int], bytes]:
+        """The pool key and the request head for ``url`` (cached): a POST's up to ``Content-Length: ``,
+        a GET's whole (no body, no content type)."""
+        cached = self._heads.get(url if method == "POST" else (method, url))
         if cached is None:
             u = urlsplit(url)
             if u.scheme not in ("http", "https") or not u.hostname:
@@ -256,27 +284,29 @@ class Http11Transport(Transport):
             port = u.port or (443 if u.scheme == "https" else 80)
             path = (u.path or "/") + (f"?{u.query}" if u.query else "")
             host = u.netloc.rsplit("@", 1)[-1]
-            lines = [f"POST {path} HTTP/1.1", f"Host: {host}", "Accept: */*"]
-            lines += [f"{k}: {v}" for k, v in self.headers.items()]
+            lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", "Accept: */*"]
+            lines += [f"{k}: {v}" for k, v in self.headers.items() if method == "POST" or k.lower() != "content-type"]
             if u.username is not None and not any(k.lower() == "authorization" for k in self.headers):
                 # credentials in the endpoint URL (regen/urls.py): HTTP basic auth, as aiohttp sends them
                 user_pass = f"{unquote(u.username)}:{unquote(u.password or '')}".encode()
                 lines.append(f"Authorization: Basic {base64.b64encode(user_pass).decode()}")
-            cached = ((u.scheme, u.hostname, port), ("\r\n".join(lines) + "\r\nContent-Length: ").encode("latin-1"))
-            self._heads[url] = cached
+            end = "\r\nContent-Length: " if method == "POST" else "\r\n\r\n"
+            cached = ((u.scheme, u.hostname, port), ("\r\n".join(lines) + end).encode("latin-1"))
+            self._heads[url if method == "POST" else (method, url)] = cached
         return cached
 
-    async def _connect(self, key: tuple[str, str, int]) -> _Reply:
+    async def _connect(self, key: tuple[str, str, int], timeout: float | None = None) -> _Reply:
         scheme, host, port = key
         loop = asyncio.get_running_loop()
         if scheme == "https" and self._ssl is None:
             self._ssl = ssl.create_default_context()
         context = self._ssl if scheme == "https" else None
+        limit = self.connect_timeout if timeout is None else timeout
         try:
             _, proto = await asyncio.wait_for(loop.create_connection(lambda: _Reply(loop), host, port, ssl=context),
-                                              self.connect_timeout if self.connect_timeout > 0 else None)
+                                              limit if limit > 0 else None)
         except asyncio.TimeoutError:
-            raise TransportError("timeout", f"connecting to {host}:{port} timed out after {self.connect_timeout:g} s") from None
+            raise TransportError("timeout", f"connecting to {host}:{port} timed out after {limit:g} s", connected=False) from None
         except OSError as exc:
             raise TransportError("connect", f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
         self._all.add(proto)
@@ -311,8 +341,24 @@ class Http11Transport(Transport):
         key, head = self._head(url)
         data = b"".join((head, str(len(body)).encode(), b"\r\n\r\n", body))
         conn = self._idle_connection(key) or await self._connect(key)
+        return await self._round_trip(conn, key, data, self.read_timeout if self.read_timeout > 0 else float("inf"))
+
+    async def request(self, method: str, url: str, body: bytes | None = None, timeout: float = 10.0,
+                      connect_timeout: float | None = None) -> tuple[int, bytes]:
+        if method not in ("GET", "POST"):
+            raise ValueError(f"method {method!r}: GET or POST")
+        key, head = self._head(url, method)
+        data = b"".join((head, str(len(body or b"")).encode(), b"\r\n\r\n", body or b"")) if method == "POST" else head
+        conn = self._idle_connection(key) or await self._connect(key, timeout if connect_timeout is None else connect_timeout)
+        try:  # a timer per request: these are rare (health checks, probes), and their timeouts short
+            return await asyncio.wait_for(self._round_trip(conn, key, data, float("inf")), timeout if timeout > 0 else None)
+        except asyncio.TimeoutError:
+            raise TransportError("timeout", f"timed out waiting for the reply ({timeout:g} s)") from None
+
+    async def _round_trip(self, conn: _Reply, key: tuple[str, str, int], data: bytes, read_timeout: float) -> tuple[int, bytes]:
+        """Send ``data`` on ``conn``, await the reply; pool the connection again when it may be reused."""
         try:
-            status, reply, keep = await conn.send(data, self.read_timeout if self.read_timeout > 0 else float("inf"))
+            status, reply, keep = await conn.send(data, read_timeout)
         except BaseException:  # TransportError, or the request was cancelled
             self._all.discard(conn)
             conn.abort()

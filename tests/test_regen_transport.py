@@ -42,7 +42,7 @@ class Scripted:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")), 0)
                 body = await reader.readexactly(length)
                 self.requests.append(head + body)
                 reply = self.replies.pop(0)
@@ -316,3 +316,103 @@ def test_an_idle_connection_past_its_expiry_is_not_reused(monkeypatch):
 
     out, srv = run([ok(), ok()], steps)
     assert srv.connections == 2
+
+
+# ---------------------------------------------------------------------------- request(): health checks and probes
+
+
+def test_a_get_carries_no_body_and_shares_the_pool_with_posts():
+    async def steps(t, url):
+        return await t.request("GET", url.replace("/generate", "/health"), timeout=5), await t.post(url, b"{}")
+
+    out, srv = run([ok(b""), ok()], steps)
+    assert out == ((200, b""), (200, JSON_OK)) and srv.connections == 1
+    head, _, body = srv.requests[0].partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"GET /health HTTP/1.1" and body == b""
+    assert b"Authorization: Bearer k" in lines
+    assert not any(line.lower().startswith((b"content-length", b"content-type")) for line in lines)
+
+
+def test_a_post_request_sends_its_body():
+    async def steps(t, url):
+        return await t.request("POST", url, b'{"x":1}', timeout=5)
+
+    out, srv = run([ok()], steps)
+    assert out == (200, JSON_OK)
+    assert srv.requests[0].endswith(b"Content-Length: 7\r\n\r\n{\"x\":1}")
+
+
+def test_a_request_ends_at_its_own_timeout_and_a_connection_was_made():
+    async def never(writer):
+        await asyncio.sleep(5)
+
+    async def steps(t, url):
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(TransportError) as info:
+            await t.request("GET", url, timeout=0.2)
+        return info.value, loop.time() - t0
+
+    (err, waited), _ = run([never], steps, read_timeout=60)
+    assert err.kind == "timeout" and err.connected
+    assert waited < 4  # its own 0.2 s, not the transport's 60 s read timeout
+
+
+def test_a_refused_or_unconnectable_request_says_no_connection_was_made(monkeypatch):
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def main():
+        t = Http11Transport()
+        errors = []
+        try:
+            for url in (f"http://127.0.0.1:{port}/health", "ftp://example/health"):
+                with pytest.raises(TransportError) as info:
+                    await t.request("GET", url, timeout=5)
+                errors.append(info.value)
+            loop = asyncio.get_running_loop()
+
+            async def hangs(*args, **kwargs):  # a SYN nobody answers
+                await asyncio.sleep(30)
+
+            monkeypatch.setattr(loop, "create_connection", hangs)
+            with pytest.raises(TransportError) as info:
+                await t.request("GET", f"http://127.0.0.1:{port}/health", timeout=5, connect_timeout=0.1)
+            errors.append(info.value)
+            return errors
+        finally:
+            await t.close()
+
+    refused, bad_url, hung = asyncio.run(main())
+    assert refused.kind == "connect" and not refused.connected and str(port) in str(refused)
+    assert bad_url.kind == "connect" and not bad_url.connected
+    assert hung.kind == "timeout" and not hung.connected and "connecting" in str(hung)
+
+
+def test_the_aiohttp_transport_answers_requests_the_same_way():
+    import aiohttp
+
+    from dqa.regen.transport import AiohttpTransport
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+
+    async def main():
+        srv = Scripted([ok()])
+        url = await srv.start()
+        async with aiohttp.ClientSession() as session:
+            t = AiohttpTransport(session, {"Authorization": "Bearer k"})
+            try:
+                got = await t.request("GET", url, timeout=5)
+                with pytest.raises(TransportError) as info:
+                    await t.request("GET", f"http://127.0.0.1:{closed_port}/health", timeout=5)
+                return got, info.value, srv
+            finally:
+                await srv.stop()
+
+    got, refused, srv = asyncio.run(main())
+    assert got == (200, JSON_OK) and srv.requests[0].startswith(b"GET /generate HTTP/1.1")
+    assert refused.kind == "connect" and not refused.connected

@@ -71,11 +71,12 @@ class ServerKind:
 
     # ------------------------------------------------------------------ dqa regen
 
-    async def preflight(self, session, url: str, name: str, facts, timeout) -> str | None:
+    async def preflight(self, transport, url: str, name: str, facts, timeout: float) -> str | None:
         """Start-up checks of one reachable endpoint (base ``url``; ``name`` without credentials)
         for ``dqa regen --protocol`` this kind, after ``server_probe.discover`` found ``facts``
-        (a ``ServerFacts``, updated in place): the usage error when the server does not speak
-        this protocol, else None. Here: nothing to check."""
+        (a ``ServerFacts``, updated in place), with requests over ``transport`` (a
+        ``dqa.regen.transport.Transport``) answered within ``timeout`` seconds: the usage error
+        when the server does not speak this protocol, else None. Here: nothing to check."""
         return None
 
     # ------------------------------------------------------------------ fleet up

@@ -264,11 +264,12 @@ def token_ids_answer(status: int | None, obj: Any, sent: list[int]) -> bool | No
     return isinstance(choice.get("response_token_ids"), list) and choice.get("prompt_token_ids") == sent
 
 
-async def probe_token_ids(session, url: str, timeout, model: str | None = None) -> bool | None:
+async def probe_token_ids(transport, url: str, timeout: float, model: str | None = None) -> bool | None:
     """Ask an endpoint (base URL) once whether its ``/v1/chat/completions`` is token-exact: a
     one-token request with ``input_ids`` ``PROBE_IDS`` and ``"return_token_ids": true`` (see
-    ``token_ids_answer``). Never raises for server behaviour."""
-    import aiohttp
+    ``token_ids_answer``), answered within ``timeout`` seconds, over ``transport`` (a
+    ``dqa.regen.transport.Transport``). Never raises for server behaviour."""
+    from dqa.regen.transport import TransportError
 
     body: dict[str, Any] = {
         "messages": [{"role": "user", "content": "hi"}], "input_ids": PROBE_IDS, "return_token_ids": True,
@@ -277,10 +278,8 @@ async def probe_token_ids(session, url: str, timeout, model: str | None = None) 
     if model:
         body["model"] = model
     try:
-        async with session.post(url + OpenAIProtocol.path, json=body, timeout=timeout) as r:
-            raw = await r.read()
-            status = r.status
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        status, raw = await transport.request("POST", url + OpenAIProtocol.path, json.dumps(body).encode(), timeout=timeout)
+    except TransportError:
         return None
     try:
         obj = json.loads(raw)
@@ -297,17 +296,17 @@ class OpenAI(ServerKind):
     # An SGLang behind the OpenAI routes has the real liveness check; other servers answer 404.
     health_paths = ("/health_generate", "/health")
 
-    async def preflight(self, session, url: str, name: str, facts, timeout) -> str | None:
+    async def preflight(self, transport, url: str, name: str, facts, timeout: float) -> str | None:
         """No ``/v1/chat/completions`` (404) is the wrong protocol. Otherwise an SGLang endpoint
         gets the token-exact probe (``facts.token_ids``); another server takes the text round
         trip, unprobed; a server that did not say what it is stays unknown (its first reply decides)."""
         from dqa.regen.server_probe import route_status
 
-        if await route_status(session, url + OpenAIProtocol.path, timeout) == 404:
+        if await route_status(transport, url + OpenAIProtocol.path, timeout) == 404:
             what = "an SGLang server without the OpenAI routes" if facts.kind == "sglang" else "not an OpenAI-compatible server"
             return f"{name}: this server has no /v1/chat/completions ({what}): use --protocol sglang"
         if facts.kind == "sglang":
-            facts.token_ids = await probe_token_ids(session, url, timeout)
+            facts.token_ids = await probe_token_ids(transport, url, timeout)
         elif facts.kind == "openai":
             facts.token_ids = False  # not SGLang: the text round trip, no probe
         return None

@@ -324,14 +324,14 @@ class Sglang(ServerKind):
     health_paths = ("/health_generate", "/health")
     launchable = True
 
-    async def preflight(self, session, url: str, name: str, facts, timeout) -> str | None:
+    async def preflight(self, transport, url: str, name: str, facts, timeout: float) -> str | None:
         """A server that is not SGLang and has no ``/generate`` (``GET`` answers 404; SGLang's
         POST-only route answers 405) is the wrong protocol."""
         if facts.kind == "sglang":
             return None
         from dqa.regen.server_probe import route_status
 
-        if await route_status(session, url + SglangProtocol.path, timeout) == 404:
+        if await route_status(transport, url + SglangProtocol.path, timeout) == 404:
             what = "an OpenAI-compatible server" if facts.kind == "openai" else "not an SGLang server"
             return f"{name}: this server has no /generate ({what}): use --protocol openai"
         return None
