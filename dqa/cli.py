@@ -59,19 +59,19 @@ def main() -> None:
     while it dispatches: first drains, second cancels).
     """
     import signal
+    import sys
 
-    from dqa.commands.common import interrupt_handler, stop_interrupts
+    from dqa.commands.common import interrupt_handler, redeliver_swallowed_interrupt, stop_interrupts
 
     signal.signal(signal.SIGINT, interrupt_handler)
     signal.signal(signal.SIGTERM, interrupt_handler)
+    sys.unraisablehook = redeliver_swallowed_interrupt
     try:
         app()
     except KeyboardInterrupt:
         # A signal while typer builds the command tree (before any command body, so nothing is open
         # or written yet): the same one line and exit 3 as a command that was stopped.
         stop_interrupts()
-        import sys
-
         print("dqa: error: interrupted", file=sys.stderr)
         raise SystemExit(3) from None
     except SystemExit as exc:
@@ -79,8 +79,6 @@ def main() -> None:
         if exc.code != 130:
             raise
         # typer turns a Ctrl-C that lands before the command body (argument parsing) into a silent 130.
-        import sys
-
         print("dqa: error: interrupted", file=sys.stderr)
         raise SystemExit(3) from None
     finally:

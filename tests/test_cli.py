@@ -48,3 +48,50 @@ def test_a_signal_while_the_command_tree_is_built_exits_3_in_one_line(monkeypatc
         cli.main()
     assert exc.value.code == 3
     assert capsys.readouterr().err == "dqa: error: interrupted\n"
+
+
+def test_an_interrupt_swallowed_by_a_callback_is_delivered_again_without_a_traceback(monkeypatch, capsys):
+    """A SIGTERM/SIGINT whose KeyboardInterrupt lands in a weakref (or import-lock) callback would be
+    printed as 'Exception ignored ... Traceback' and lost; the CLI's hook raises it again outside."""
+    import signal
+    import time
+    import weakref
+
+    import pytest
+
+    from dqa.commands import common
+    from dqa.commands.common import interrupt_handler, redeliver_swallowed_interrupt
+
+    class Thing:
+        pass
+
+    def callback(ref):
+        raise KeyboardInterrupt  # what interrupt_handler does when the signal lands here
+
+    monkeypatch.setattr(sys, "unraisablehook", redeliver_swallowed_interrupt)
+    monkeypatch.setattr(common, "_stopping", False)  # a command still running (main() of an earlier test ended)
+    previous = signal.signal(signal.SIGINT, interrupt_handler)  # as dqa.cli.main sets it
+    thing = Thing()
+    ref = weakref.ref(thing, callback)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            del thing  # the callback runs here and its exception cannot propagate
+            for _ in range(500):  # the interrupt comes back within milliseconds
+                time.sleep(0.01)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert ref() is None
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_other_unraisable_errors_still_reach_the_default_hook(monkeypatch):
+    from dqa.commands import common
+
+    seen = []
+    monkeypatch.setattr(sys, "__unraisablehook__", seen.append)
+
+    class Args:
+        exc_value = ValueError("boom")
+
+    common.redeliver_swallowed_interrupt(Args)
+    assert seen == [Args]

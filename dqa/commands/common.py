@@ -33,6 +33,28 @@ def interrupt_handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
 
+def redeliver_swallowed_interrupt(unraisable: Any) -> None:
+    """``sys.unraisablehook`` of the CLI process. ``interrupt_handler``'s ``KeyboardInterrupt`` can
+    land inside a callback that cannot raise (a weakref or import-lock callback): Python would print
+    a traceback and drop the interrupt, so the command would run on. The interrupt is delivered
+    again instead, as a SIGINT 10 ms later from another thread (by then that callback has returned:
+    a SIGINT raised at once would land in this hook); anything else goes to the default hook."""
+    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+        sys.__unraisablehook__(unraisable)
+        return
+    if _stopping:
+        return
+    import _thread
+    import threading
+
+    timer = threading.Timer(0.01, _thread.interrupt_main)
+    timer.daemon = True
+    try:
+        timer.start()
+    except RuntimeError:  # the interpreter is shutting down: nothing left to interrupt
+        pass
+
+
 def stop_interrupts() -> None:
     """From now on ``interrupt_handler`` ignores signals (the process is ending)."""
     global _stopping
