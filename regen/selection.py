@@ -405,9 +405,9 @@ def _id_texts(values: np.ndarray, p_off: np.ndarray) -> list[bytes]:
     n = p_off.size - 1
     if n <= 0:
         return []
-    strings = pc.cast(pa.array(values, pa.int32()), pa.string())
-    text = pc.binary_join(pa.ListArray.from_arrays(pa.array(p_off, pa.int64()).cast(pa.int32()), strings), ",")
-    t_off = np.frombuffer(text.buffers()[1], dtype=np.int32, count=len(text) + 1, offset=text.offset * 4)
+    strings = pc.cast(pa.array(values, pa.int32()), pa.large_string())  # 64-bit offsets: no size limit per batch
+    text = pc.binary_join(pa.LargeListArray.from_arrays(pa.array(p_off, pa.int64()), strings), pa.scalar(",", pa.large_string()))
+    t_off = np.frombuffer(text.buffers()[1], dtype=np.int64, count=len(text) + 1, offset=text.offset * 8)
     t_data = text.buffers()[2].to_pybytes() if text.buffers()[2] is not None else b""
     return [t_data[t_off[k] : t_off[k + 1]] for k in range(n)]
 
