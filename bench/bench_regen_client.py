@@ -349,7 +349,8 @@ def part_serve(args: argparse.Namespace, work: Path) -> dict:
     tok = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir())
     dataset, messages = build_chat_dataset(work / "serve.parquet", args.serve_rows, tok)
     log = open(work / "serve.log", "wb")
-    exe = shutil.which("transformers") or "transformers"
+    sibling = Path(sys.executable).parent / "transformers"  # this environment's CLI, activated or not
+    exe = str(sibling) if sibling.exists() else shutil.which("transformers") or "transformers"
     # Port 0: the server binds a free port itself and logs it (uvicorn's "running on" line); a port
     # picked here and passed on could be taken by another process during its start.
     proc = subprocess.Popen([exe, "serve", str(model_dir), "--host", "127.0.0.1", "--port", "0", "--device", "cpu",
