@@ -31,13 +31,14 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from dqa.atomic import atomic_path, fsync_dir, new_temp, remove_stale_temps
-from dqa.regen.run_folder import SHARD_RE, STATUSES, ShardStatus, list_shards, shard_path, shard_schema  # noqa: F401 - re-exported
+from dqa.regen.run_folder import SHARD_RE, SHARD_WRITE_OPTIONS, STATUSES, ShardStatus, list_shards, shard_path, shard_schema  # noqa: F401 - re-exported
 
 FRAME = struct.Struct("<II")
 FIXED = struct.Struct("<qqiiidd")  # row, seed, n_prompt, n_output, attempts, latency_s, completed_at
@@ -113,45 +114,50 @@ def decode_segment(data: bytes) -> tuple[list[Result], int]:
     return out, n - pos
 
 
+# Every field of a Result, in declaration order, as one tuple (results_table transposes them in one pass).
+_RESULT_FIELDS = attrgetter("row", "sample_id", "prompt", "output", "status", "finish_reason", "error", "endpoint", "attempts",
+                            "latency_s", "model", "sampling", "seed", "completed_at", "turn", "turns", "kept_len")
+
+
 def results_table(results: list[Result]):
     """A pyarrow Table in the shard schema: ``input_ids`` = prompt + output, ``loss_mask`` 0 then 1."""
     import pyarrow as pa
 
-    p_len = np.fromiter((r.prompt.size for r in results), dtype=np.int64, count=len(results))
-    o_len = np.fromiter((r.output.size for r in results), dtype=np.int64, count=len(results))
-    parts: list[np.ndarray] = []
-    for r in results:
-        parts.append(r.prompt)
-        parts.append(r.output)
-    values = np.concatenate(parts).astype(np.int32, copy=False) if parts else np.zeros(0, np.int32)
-    offsets = np.zeros(len(results) + 1, dtype=np.int32)
+    n = len(results)
+    (rows, ids, prompts, outputs, statuses, finishes, errors, endpoints, attempts, latencies, models, samplings, seeds,
+     done_at, turns, n_turns, kept) = zip(*map(_RESULT_FIELDS, results)) if n else ((),) * 17
+    p_len = np.fromiter(map(len, prompts), dtype=np.int64, count=n)
+    o_len = np.fromiter(map(len, outputs), dtype=np.int64, count=n)
+    spans = np.empty(2 * n, dtype=np.int64)  # prompt, output, prompt, output, ...
+    spans[0::2], spans[1::2] = p_len, o_len
+    parts = [None] * (2 * n)
+    parts[0::2], parts[1::2] = prompts, outputs
+    values = np.concatenate(parts).astype(np.int32, copy=False) if n else np.zeros(0, np.int32)
+    offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(p_len + o_len, out=offsets[1:])
-    mask = np.ones(values.size, dtype=np.uint8)
-    # Zero the prompt span of each row: mark span starts/ends and take a running sum.
-    edges = np.zeros(values.size + 1, dtype=np.int32)
-    np.add.at(edges, offsets[:-1], 1)
-    np.add.at(edges, offsets[:-1] + p_len, -1)
-    mask[np.cumsum(edges[:-1]) > 0] = 0
+    mask = np.repeat(np.tile(np.array([0, 1], np.uint8), n), spans)
+    kept_len = np.where(np.asarray(kept, dtype=np.int64) >= 0, np.asarray(kept, dtype=np.int64), p_len) if n else p_len
     cols = {
-        "row": pa.array([r.row for r in results], pa.int64()),
-        "id": pa.array([r.sample_id for r in results], pa.string()),
+        "row": pa.array(rows, pa.int64()),
+        "id": pa.array(ids, pa.string()),
         "input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.int32())),
         "loss_mask": pa.ListArray.from_arrays(pa.array(offsets), pa.array(mask, pa.uint8())),
         "prompt_len": pa.array(p_len.astype(np.int32)),
         "output_tokens": pa.array(o_len.astype(np.int32)),
-        "status": pa.array([r.status for r in results], pa.string()),
-        "finish_reason": pa.array([r.finish_reason for r in results], pa.string()),
-        "error": pa.array([r.error for r in results], pa.string()),
-        "endpoint": pa.array([r.endpoint for r in results], pa.string()),
-        "attempts": pa.array([r.attempts for r in results], pa.int32()),
-        "latency_s": pa.array([r.latency_s for r in results], pa.float64()),
-        "model": pa.array([r.model for r in results], pa.string()),
-        "sampling": pa.array([r.sampling for r in results], pa.string()),
-        "seed": pa.array([r.seed for r in results], pa.int64()),
-        "completed_at": pa.array(np.array([int(r.completed_at * 1e6) for r in results], dtype="datetime64[us]"), pa.timestamp("us", tz="UTC")),
-        "turn": pa.array([r.turn for r in results], pa.int32()),
-        "turns": pa.array([r.turns for r in results], pa.int32()),
-        "kept_len": pa.array([r.kept_len if r.kept_len >= 0 else r.prompt.size for r in results], pa.int32()),
+        "status": pa.array(statuses, pa.string()),
+        "finish_reason": pa.array(finishes, pa.string()),
+        "error": pa.array(errors, pa.string()),
+        "endpoint": pa.array(endpoints, pa.string()),
+        "attempts": pa.array(attempts, pa.int32()),
+        "latency_s": pa.array(latencies, pa.float64()),
+        "model": pa.array(models, pa.string()),
+        "sampling": pa.array(samplings, pa.string()),
+        "seed": pa.array(seeds, pa.int64()),
+        "completed_at": pa.array((np.asarray(done_at, dtype=np.float64) * 1e6).astype(np.int64).astype("datetime64[us]"),
+                                 pa.timestamp("us", tz="UTC")),
+        "turn": pa.array(turns, pa.int32()),
+        "turns": pa.array(n_turns, pa.int32()),
+        "kept_len": pa.array(kept_len.astype(np.int32)),
     }
     return pa.table(cols, schema=shard_schema())
 
@@ -165,7 +171,7 @@ def write_table(path: Path, table) -> None:
     import pyarrow.parquet as pq
 
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, compression="zstd", row_group_size=SHARD_ROW_GROUP)
+        pq.write_table(table, tmp, row_group_size=SHARD_ROW_GROUP, **SHARD_WRITE_OPTIONS)
 
 
 @dataclass
@@ -467,7 +473,7 @@ class Journal:
 
         if self._shard_writer is None:
             self._shard_tmp = new_temp(shard_path(self.out, self.tag, self.seq))
-            self._shard_writer = pq.ParquetWriter(self._shard_tmp, shard_schema(), compression="zstd")
+            self._shard_writer = pq.ParquetWriter(self._shard_tmp, shard_schema(), **SHARD_WRITE_OPTIONS)
         self._shard_writer.write_table(results_table(results))
 
     def _drop_shard_writer(self) -> None:

@@ -143,6 +143,29 @@ def test_duplicate_records_inside_one_segment_keep_the_first(tmp_path):
     assert rec.rows.tolist() == [4] and rec.dropped_duplicates == 1 and rec.output_tokens == 2
 
 
+def test_every_shard_row_is_its_result_whatever_the_lengths():
+    """Each row, column by column, is its own Result: empty prompts and outputs, ids or none,
+    kept_len -1 (all of the prompt), and completion times cut to the microsecond."""
+    rng = np.random.default_rng(3)
+    results = []
+    for i in range(200):
+        p = rng.integers(0, 150_000, int(rng.integers(0, 40)), dtype=np.int32)
+        o = rng.integers(0, 150_000, int(rng.integers(0, 40)), dtype=np.int32)
+        results.append(Result(i * 3, None if i % 7 == 0 else f"s{i}", p, o, ("ok", "length", "failed")[i % 3], "stop",
+                              None if i % 2 else "boom", f"http://e{i % 4}", 1 + i % 5, float(rng.random()), "m", "{}",
+                              int(rng.integers(1 << 31)), 1.7e9 + float(rng.random()), i % 3, 3, int(rng.integers(-1, 9))))
+    rows = results_table(results).to_pylist()
+    for r, row in zip(results, rows):
+        assert row["input_ids"] == r.prompt.tolist() + r.output.tolist()
+        assert row["loss_mask"] == [0] * r.prompt.size + [1] * r.output.size
+        assert (row["row"], row["id"], row["status"], row["error"], row["endpoint"], row["attempts"], row["seed"]) == (
+            r.row, r.sample_id, r.status, r.error, r.endpoint, r.attempts, r.seed)
+        assert (row["prompt_len"], row["output_tokens"], row["turn"], row["turns"]) == (r.prompt.size, r.output.size, r.turn, r.turns)
+        assert row["kept_len"] == (r.kept_len if r.kept_len >= 0 else r.prompt.size)
+        assert row["latency_s"] == r.latency_s
+        assert int(row["completed_at"].timestamp() * 1e6 + 0.5) == int(r.completed_at * 1e6)
+
+
 @pytest.mark.parametrize("n", [0, 1])
 def test_empty_or_single_results_make_valid_tables(n):
     t = results_table([_result(0)] * n)
