@@ -11,7 +11,9 @@ what limits. In ONE run it measures requests/s and client CPU time per request f
 - baseline ``requests-threads``: the same pool calling ``/generate`` with ``requests``
   (one Session per thread, the generous variant),
 
-and prints the ratios. Goal (issue 11): dqa >= 2,000 req/s on the 2-core machine and >= 10x the baseline.
+and prints the ratios: every contestant runs once per round (``--loopback-rounds``, 3), ratios are
+taken within a round, and the median over rounds is the figure (the VM's speed drifts between
+minutes). Goal (issue 11): dqa >= 2,000 req/s on the 2-core machine and >= 10x the baseline.
 
 Part 2, ``serve``: against ``transformers serve`` with the tiny random Qwen3 model
 (examples/tiny_model.py), dqa's output tok/s versus a plain load generator (a minimal asyncio
@@ -287,38 +289,63 @@ def run_dqa(dataset: Path, out: Path, endpoints: list[str], protocol: str, concu
 # ---------------------------------------------------------------------------- parts
 
 
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
 def part_loopback(args: argparse.Namespace, work: Path) -> dict:
+    """``--loopback-rounds`` rounds, each running every contestant once, back to back, against one
+    stub; ratios are taken within a round (the VM's speed drifts by tens of percent between
+    minutes) and their median is the figure."""
     dataset = build_dataset(work / "loopback.parquet", args.rows)
     prompts = prompts_of(dataset, args.baseline_rows)
     stub_args = ["--zero-latency", "--request-log-size", "0", "--think-min", "24", "--think-max", "40",
                  "--max-running-requests", "100000"]
-    figures: list[Figure] = []
+    floor_bodies = [json.dumps({"input_ids": p, "rid": f"f{i}", "sampling_params": {"max_new_tokens": args.max_new_tokens,
+                    "sampling_seed": i}}).encode() for i, p in enumerate(prompts_of(dataset, args.rows))]
+    rounds: list[list[Figure]] = []
     with StubServer(work / "logs", *stub_args, name="loopback") as stub:
         pid = stub.proc.pid
         # warm the server (first-call import costs) before any timing
         run_requests_threads(stub.url, prompts[:64], 8, args.max_new_tokens, None)
-        dqa = run_dqa(dataset, work / "regen-out", [stub.url], "sglang", args.concurrency, args.max_new_tokens, pid)
-        figures.append(dqa)
-        figures.append(run_openai_threads(stub.url, prompts, args.concurrency, args.max_new_tokens, pid))
-        figures.append(run_requests_threads(stub.url, prompts, args.concurrency, args.max_new_tokens, pid))
-        floor = [json.dumps({"input_ids": p, "rid": f"f{i}", "sampling_params": {"max_new_tokens": args.max_new_tokens,
-                 "sampling_seed": i}}).encode() for i, p in enumerate(prompts_of(dataset, args.rows))]
-        figures.append(run_plain_asyncio(stub.url, floor, "/generate", args.concurrency, pid, "plain asyncio /generate (floor)"))
-    print(f"\n== loopback: zero-latency SGLang-contract stub, concurrency {args.concurrency}, "
-          f"max_new_tokens {args.max_new_tokens}, {os.cpu_count()} CPUs ==")
-    for f in figures:
-        print(f.line())
-    base, req = figures[1], figures[2]
-    print(f"dqa / openai thread-pool baseline: {dqa.rps / base.rps:.1f}x req/s, "
-          f"{base.cpu_us / dqa.cpu_us:.1f}x less client CPU per request")
-    print(f"dqa / requests thread-pool on /generate: {dqa.rps / req.rps:.1f}x req/s, "
-          f"{req.cpu_us / dqa.cpu_us:.1f}x less client CPU per request")
-    print(f"dqa / plain asyncio floor: {dqa.rps / figures[3].rps:.2f}x req/s")
-    print(f"goals: >= 2000 req/s -> {'met' if dqa.rps >= 2000 else 'MISSED'}; >= 10x baseline -> "
-          f"{'met' if dqa.rps >= 10 * base.rps else 'MISSED'}")
-    return {f.name: {"requests": f.requests, "wall_s": f.wall_s, "req_per_s": f.rps, "client_cpu_us_per_req": f.cpu_us,
-                     "server_cpu_us_per_req": None if f.server_cpu_s is None else 1e6 * f.server_cpu_s / f.requests}
-            for f in figures}
+        for r in range(args.loopback_rounds):
+            figures = [
+                run_dqa(dataset, work / "regen-out", [stub.url], "sglang", args.concurrency, args.max_new_tokens, pid),
+                run_openai_threads(stub.url, prompts, args.concurrency, args.max_new_tokens, pid),
+                run_requests_threads(stub.url, prompts, args.concurrency, args.max_new_tokens, pid),
+                run_plain_asyncio(stub.url, floor_bodies, "/generate", args.concurrency, pid, "plain asyncio /generate (floor)"),
+            ]
+            rounds.append(figures)
+            print(f"\n== loopback round {r + 1}/{args.loopback_rounds}: zero-latency SGLang-contract stub, concurrency "
+                  f"{args.concurrency}, max_new_tokens {args.max_new_tokens}, {os.cpu_count()} CPUs ==", flush=True)
+            for f in figures:
+                print(f.line(), flush=True)
+            dqa, base, req, floor = figures
+            print(f"round {r + 1}: dqa / openai baseline {dqa.rps / base.rps:.1f}x req/s, {base.cpu_us / dqa.cpu_us:.1f}x less "
+                  f"client CPU per request; dqa / requests baseline {dqa.rps / req.rps:.1f}x; dqa / floor {dqa.rps / floor.rps:.2f}x",
+                  flush=True)
+    ratio = [d.rps / b.rps for d, b, _, _ in rounds]
+    cpu_ratio = [b.cpu_us / d.cpu_us for d, b, _, _ in rounds]
+    req_ratio = [d.rps / q.rps for d, _, q, _ in rounds]
+    floor_ratio = [d.rps / f.rps for d, _, _, f in rounds]
+    dqa_rps = [d.rps for d, _, _, _ in rounds]
+    print(f"\n== loopback, median of {len(rounds)} rounds ==")
+    print(f"dqa / openai thread-pool baseline: {_median(ratio):.1f}x req/s (rounds: {', '.join(f'{x:.1f}x' for x in ratio)}), "
+          f"{_median(cpu_ratio):.1f}x less client CPU per request")
+    print(f"dqa / requests thread-pool on /generate: {_median(req_ratio):.1f}x req/s")
+    print(f"dqa / plain asyncio floor: {_median(floor_ratio):.2f}x req/s (rounds: {', '.join(f'{x:.2f}x' for x in floor_ratio)})")
+    print(f"dqa req/s: {_median(dqa_rps):.0f} (rounds: {', '.join(f'{x:.0f}' for x in dqa_rps)})")
+    print(f"goals: >= 2000 req/s -> {'met' if _median(dqa_rps) >= 2000 else 'MISSED'}; >= 10x baseline -> "
+          f"{'met' if _median(ratio) >= 10 else 'MISSED'} (median of rounds)")
+    return {
+        "rounds": [{f.name: {"requests": f.requests, "wall_s": f.wall_s, "req_per_s": f.rps, "steady_req_per_s": f.steady_rps,
+                             "client_cpu_us_per_req": f.cpu_us,
+                             "server_cpu_us_per_req": None if f.server_cpu_s is None else 1e6 * f.server_cpu_s / f.requests}
+                    for f in figures} for figures in rounds],
+        "median_ratio_openai": _median(ratio), "median_ratio_requests": _median(req_ratio), "median_ratio_floor": _median(floor_ratio),
+        "median_client_cpu_ratio_openai": _median(cpu_ratio), "median_dqa_req_per_s": _median(dqa_rps),
+    }
 
 
 def _wait_http(url: str, timeout: float) -> None:
@@ -395,7 +422,7 @@ def part_serve(args: argparse.Namespace, work: Path) -> dict:
     whole = sorted((d.output_tokens / d.wall_s) / (p.output_tokens / p.wall_s) for p, d in pairs)
     steady = sorted((d.steady_rps * d.output_tokens / d.requests) / (p.steady_rps * p.output_tokens / p.requests)
                     for p, d in pairs if p.steady_rps and d.steady_rps)
-    med = lambda xs: xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2  # noqa: E731
+    med = _median
     print(f"dqa / plain loop, output tok/s, median of {len(pairs)} back-to-back pairs: "
           f"{med(whole):.1%} over the whole run (dqa's startup and tokenizer load included), "
           f"{med(steady):.1%} first-to-last completion (pairs: {', '.join(f'{r:.0%}' for r in steady)})")
@@ -411,6 +438,7 @@ def main() -> None:
     p.add_argument("--baseline-rows", type=int, default=4000, help="requests each thread-pool baseline sends")
     p.add_argument("--concurrency", type=int, default=64, help="requests in flight (loopback), the same for every client")
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--loopback-rounds", type=int, default=3, help="rounds of every loopback contestant; the median of the per-round ratios is reported")
     p.add_argument("--serve-rows", type=int, default=48)
     p.add_argument("--serve-concurrency", type=int, default=8)
     p.add_argument("--serve-max-tokens", type=int, default=32)
