@@ -31,6 +31,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii as _json_str  # json.dumps of one str
 from operator import attrgetter
 from pathlib import Path
 from typing import Callable
@@ -74,8 +75,7 @@ def encode(r: Result) -> bytes:
     """One framed journal record for ``r``."""
     prompt = np.ascontiguousarray(r.prompt, dtype=np.int32)
     output = np.ascontiguousarray(r.output, dtype=np.int32)
-    meta = json.dumps([r.sample_id, r.status, r.finish_reason, r.error, r.endpoint, r.model, r.sampling,
-                       r.turn, r.turns, r.kept_len]).encode()
+    meta = _meta(r)
     payload = b"".join(
         (
             FIXED.pack(r.row, r.seed, prompt.size, output.size, r.attempts, r.latency_s, r.completed_at),
@@ -85,6 +85,27 @@ def encode(r: Result) -> bytes:
         )
     )
     return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+_META_TAILS: dict[tuple, bytes] = {}  # everything of a record's meta after its sample id, per distinct value
+
+
+def _meta(r: Result) -> bytes:
+    """The record's meta, ``json.dumps([sample_id, status, finish_reason, error, endpoint, model,
+    sampling, turn, turns, kept_len])``. All but the sample id repeat from record to record, so that
+    part is encoded once per distinct value (the records of failures, with their own error texts, are
+    encoded whole)."""
+    if r.error is not None:
+        return json.dumps([r.sample_id, r.status, r.finish_reason, r.error, r.endpoint, r.model, r.sampling,
+                           r.turn, r.turns, r.kept_len]).encode()
+    key = (r.status, r.finish_reason, r.endpoint, r.model, r.sampling, r.turn, r.turns, r.kept_len)
+    tail = _META_TAILS.get(key)
+    if tail is None:
+        if len(_META_TAILS) > 4096:  # bounded: kept_len varies on multi-turn data
+            _META_TAILS.clear()
+        tail = _META_TAILS[key] = json.dumps([None, *key[:2], None, *key[2:]])[5:].encode()  # ', "ok", ...]'
+    sid = b"null" if r.sample_id is None else _json_str(r.sample_id).encode()
+    return b"[" + sid + tail
 
 
 def decode_segment(data: bytes) -> tuple[list[Result], int]:

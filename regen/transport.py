@@ -181,31 +181,17 @@ class _Reply(asyncio.Protocol):
                 if eof:
                     self._fail("io", "the server closed the connection before a full reply")
                 return
-            lines = bytes(buf[:end]).split(b"\r\n")
-            parts = lines[0].split(b" ", 2)
+            eol = buf.find(b"\r\n", 0, end + 2)
+            parts = bytes(buf[:eol]).split(b" ", 2)
             if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-                self._fail("io", f"the reply is not HTTP/1.x: {bytes(lines[0][:80])!r}")
+                self._fail("io", f"the reply is not HTTP/1.x: {bytes(buf[:min(eol, 80)])!r}")
                 return
             status = int(parts[1])
             if 100 <= status < 200 and status != 101:
                 del buf[: end + 4]
                 continue
             break
-        length, chunked, keep = None, False, parts[0] != b"HTTP/1.0"
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name not in _FRAMING:  # date, server, content-type, ...
-                continue
-            tokens = {t.strip() for t in value.lower().split(b",")} - {b""}
-            if name == b"content-length":
-                if len(tokens) != 1 or not next(iter(tokens)).isdigit():
-                    raise ValueError(f"Content-Length {value.strip()[:40]!r}")
-                length = int(next(iter(tokens)))
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in tokens
-            else:
-                keep = b"keep-alive" in tokens or (keep and b"close" not in tokens)
+        length, chunked, keep = _framing(bytes(buf[eol:end]).lower(), parts[0] != b"HTTP/1.0")
         start = end + 4
         if chunked:
             got = _dechunk(buf, start)
@@ -233,6 +219,35 @@ class _Reply(asyncio.Protocol):
 
 
 _FRAMING = frozenset((b"content-length", b"transfer-encoding", b"connection"))  # the headers that frame a reply
+
+
+def _framing(head: bytes, keep: bool) -> tuple[int | None, bool, bool]:
+    """``(Content-Length or None, chunked, keep-alive)`` of a reply's lower-cased header lines
+    (``head``: each line after ``\\r\\n``, the status line left out); ``keep`` is the default (HTTP/1.1).
+    Raises ValueError for a Content-Length that is not one number."""
+    at = head.find(b"\r\ncontent-length:")
+    if at >= 0 and head.count(b"content-length") == 1 and b"transfer-encoding" not in head and b"connection" not in head:
+        # The usual reply (one Content-Length, keep-alive by default): a few searches, no line loop.
+        value_end = head.find(b"\r\n", at + 17)
+        value = head[at + 17 : value_end if value_end >= 0 else len(head)].strip()
+        if value.isdigit():
+            return int(value), False, keep
+    length, chunked = None, False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip()
+        if name not in _FRAMING:  # date, server, content-type, ...
+            continue
+        tokens = {t.strip() for t in value.split(b",")} - {b""}
+        if name == b"content-length":
+            if len(tokens) != 1 or not next(iter(tokens)).isdigit():
+                raise ValueError(f"Content-Length {value.strip()[:40]!r}")
+            length = int(next(iter(tokens)))
+        elif name == b"transfer-encoding":
+            chunked = b"chunked" in tokens
+        else:
+            keep = b"keep-alive" in tokens or (keep and b"close" not in tokens)
+    return length, chunked, keep
 
 
 def _dechunk(buf: bytearray, pos: int) -> tuple[bytes, int] | None:

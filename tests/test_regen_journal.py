@@ -221,3 +221,19 @@ def test_a_crash_while_a_shard_is_half_written_leaves_only_the_log(tmp_path):
     assert not [p for p in (tmp_path / "shards").iterdir() if p.name.startswith(".tmp-")]
     assert again.recovered_records == SHARD_ROW_GROUP + 10
     assert sorted(read_shards(tmp_path).column("row").to_pylist()) == list(range(SHARD_ROW_GROUP + 10))
+
+
+def test_record_meta_is_the_json_of_its_fields_byte_for_byte():
+    """Records keep their on-disk format (older runs resume from it): the meta after the numbers is
+    json.dumps of the ten fields, whatever the ids, errors and multi-turn fields hold."""
+    import itertools
+    import json
+
+    from dqa.regen.journal import _meta
+
+    for sid, err, kept, turn in itertools.product([None, "s1", 'we"ird\u00e9\n', ""], [None, 'boom "x"'], [-1, 0, 17], [0, 2]):
+        r = Result(3, sid, np.zeros(2, np.int32), np.zeros(1, np.int32), "ok", "stop", err, "http://e", 1, 0.5, "m\u00fc",
+                   '{"a": 1}', 7, 1.0, turn, 3, kept)
+        fields = [r.sample_id, r.status, r.finish_reason, r.error, r.endpoint, r.model, r.sampling, r.turn, r.turns, r.kept_len]
+        assert _meta(r) == json.dumps(fields).encode()
+        assert _meta(r) == json.dumps(fields).encode()  # the second time from the cached tail

@@ -416,3 +416,44 @@ def test_the_aiohttp_transport_answers_requests_the_same_way():
     got, refused, srv = asyncio.run(main())
     assert got == (200, JSON_OK) and srv.requests[0].startswith(b"GET /generate HTTP/1.1")
     assert refused.kind == "connect" and not refused.connected
+
+
+def _framing_by_lines(head: bytes, keep: bool):
+    """The framing rules read line by line (RFC 9112): the reference the transport's shortcut must match."""
+    length, chunked = None, False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        tokens = {t.strip() for t in value.split(b",")} - {b""}
+        if name.strip() == b"content-length":
+            if len(tokens) != 1 or not next(iter(tokens)).isdigit():
+                return "error"
+            length = int(next(iter(tokens)))
+        elif name.strip() == b"transfer-encoding":
+            chunked = b"chunked" in tokens
+        elif name.strip() == b"connection":
+            keep = b"keep-alive" in tokens or (keep and b"close" not in tokens)
+    return length, chunked, keep
+
+
+def test_reply_framing_matches_the_line_by_line_rules_for_every_header_mix():
+    import itertools
+    import random
+
+    from dqa.regen.transport import _framing
+
+    pool = [b"content-type: application/json", b"date: mon", b"server: uvicorn", b"content-length: 12",
+            b"content-length:7", b"content-length: 12, 12", b"content-length: x1", b"content-length : 5",
+            b"transfer-encoding: chunked", b"transfer-encoding: gzip", b"connection: close", b"connection: keep-alive",
+            b"connection: upgrade, close", b"x-content-length: 99", b"content-length: 3 "]
+    rng = random.Random(0)
+    cases = [list(c) for n in range(4) for c in itertools.combinations(pool, n)]
+    cases += [rng.sample(pool, rng.randint(1, 6)) for _ in range(300)]
+    for lines in cases:
+        head = b"".join(b"\r\n" + line for line in lines)
+        for keep in (True, False):
+            want = _framing_by_lines(head, keep)
+            if want == "error":
+                with pytest.raises(ValueError):
+                    _framing(head, keep)
+            else:
+                assert _framing(head, keep) == want, lines
