@@ -348,17 +348,20 @@ def _batch_turn_jobs(b, local: np.ndarray, hpos: np.ndarray, hrow: np.ndarray, m
     ids_col = b.row_ids.take(local).cast("string").to_pylist() if b.row_ids is not None else [None] * local.size
     jobs: list[Job] = []
     built: list[Job] = []  # conversation jobs, whose prompt texts are built at the end
+    # Python ints and list indexing in the per-row loop (numpy scalars cost a conversion each)
+    rows_l, slot_l, first_l, heads_l = (local + lo).tolist(), slot.tolist(), first.tolist(), n_heads.tolist()
+    off_l, kept_l = p_off.tolist(), (cuts + hlen).tolist()
     for k in range(local.size):
-        row = lo + int(local[k])
+        row = rows_l[k]
         sid = ids_col[k]
         seed = sample_seed(sid if sid is not None else str(row), seed_base)
-        s = slot[k]
+        s = slot_l[k]
         if s >= 0:
-            job = TurnJob(row, sid, values[p_off[s] : p_off[s + 1]], seed, int(first[k]), int(n_heads[k]), int(cuts[s]) + hlen)
+            job = TurnJob(row, sid, values[off_l[s] : off_l[s + 1]], seed, first_l[k], heads_l[k], kept_l[s])
             job.prompt_text = texts[s]
             jobs.append(job)
             continue
-        n = int(n_heads[k])
+        n = heads_l[k]
         if n == 0:
             err = f"row {row}: no assistant header in input_ids; nothing to regenerate from"
             jobs.append(TurnJob(row, sid, np.zeros(0, np.int32), seed, -1, 0, 0, error=err))
