@@ -65,7 +65,7 @@ def main() -> None:
 
     signal.signal(signal.SIGINT, interrupt_handler)
     signal.signal(signal.SIGTERM, interrupt_handler)
-    sys.unraisablehook = redeliver_swallowed_interrupt
+    previous_hook, sys.unraisablehook = sys.unraisablehook, redeliver_swallowed_interrupt
     try:
         app()
     except KeyboardInterrupt:
@@ -87,6 +87,7 @@ def main() -> None:
         # would turn the exit code into a signal death) but leaves ignored signals ignored.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        sys.unraisablehook = previous_hook  # main() may run inside another program (tests)
         # CPython (3.11) remembers a KeyboardInterrupt that escaped any exec() of a source string
         # (dataclasses build methods that way while modules import) even when a command caught it
         # later, and then ends the process by SIGINT instead of our exit code. An exec() that

@@ -517,8 +517,8 @@ class Dispatcher:
         timeout = self.s.health_timeout
         for _ in range(len(paths)):
             try:
-                status, _ = await self.transport.request("GET", ep.url + ep.health_path, timeout=timeout,
-                                                         connect_timeout=min(self.s.connect_timeout, timeout))
+                connect = min(self.s.connect_timeout, timeout) if self.s.connect_timeout > 0 else timeout
+                status, _ = await self.transport.request("GET", ep.url + ep.health_path, timeout=timeout, connect_timeout=connect)
             except TransportError as exc:
                 if exc.kind == "timeout":
                     return False, f"{ep.health_path} timed out"

@@ -90,7 +90,8 @@ def shard_schema():
 # time a shard took to write, for files 5% larger (bench/README.md, regen client).
 SHARD_WRITE_OPTIONS = {
     "compression": "zstd",
-    "use_dictionary": ["loss_mask", "status", "finish_reason", "error", "endpoint", "model", "sampling",
+    # leaf paths: a list column's values are "<name>.list.element"
+    "use_dictionary": ["loss_mask.list.element", "status", "finish_reason", "error", "endpoint", "model", "sampling",
                        "attempts", "turn", "turns"],
 }
 

@@ -296,6 +296,7 @@ def iter_turn_jobs(dataset, rows: np.ndarray, fmt, mode: str = "flagged", first_
     if rows.size == 0:
         return
     partial = partial or {}
+    partial_rows = np.fromiter(partial, dtype=np.int64, count=len(partial))  # conversations to continue
     header = tuple(fmt.assistant_header)
     hlen = len(header)
     gen_ids = tuple(fmt.generation_prompt if generation_prompt is None else generation_prompt)
@@ -312,14 +313,16 @@ def iter_turn_jobs(dataset, rows: np.ndarray, fmt, mode: str = "flagged", first_
                 c1 = min(i1, c0 + chunk) if chunk else i1
                 chunk = 0  # only the very first list is short
                 ff = first_flagged[c0:c1] if mode == "flagged" and first_flagged is not None else None
-                yield _batch_turn_jobs(b, rows[c0:c1] - lo, hpos, hrow, mode, ff, partial, seed_base, gen, gen_ids, hlen, fmt)
+                yield _batch_turn_jobs(b, rows[c0:c1] - lo, hpos, hrow, mode, ff, partial, partial_rows, seed_base, gen, gen_ids,
+                                       hlen, fmt)
                 c0 = c1
         if hi > last:
             return
 
 
 def _batch_turn_jobs(b, local: np.ndarray, hpos: np.ndarray, hrow: np.ndarray, mode: str, first_flagged: np.ndarray | None,
-                     partial: dict, seed_base: int, gen: np.ndarray, gen_ids: tuple[int, ...], hlen: int, fmt) -> list[Job]:
+                     partial: dict, partial_rows: np.ndarray, seed_base: int, gen: np.ndarray, gen_ids: tuple[int, ...], hlen: int,
+                     fmt) -> list[Job]:
     """The jobs of the batch rows ``local`` (see ``iter_turn_jobs``)."""
     lo = b.start_row
     h_lo = np.searchsorted(hrow, local, side="left")
@@ -333,9 +336,7 @@ def _batch_turn_jobs(b, local: np.ndarray, hpos: np.ndarray, hrow: np.ndarray, m
         first = np.where((ff >= 0) & (ff < n_heads), ff, n_heads - 1)
     else:
         first = n_heads - 1
-    resumed = np.zeros(local.size, dtype=bool)
-    if partial:
-        resumed = np.isin(local + lo, np.fromiter(partial, dtype=np.int64, count=len(partial)))
+    resumed = np.isin(local + lo, partial_rows) if partial_rows.size else np.zeros(local.size, dtype=bool)
     # One turn to regenerate (all single-turn data): the row up to that header, then the
     # generation prompt; built for the whole list at once, with no conversation state to carry.
     single = (n_heads > 0) & (first == n_heads - 1) & ~resumed

@@ -197,7 +197,7 @@ async def _reachable(transport: Transport, url: str, window: float, try_timeout:
 async def _one(transport: Transport, url: str, protocol: str, window: float, try_timeout: float,
                info_timeout: float) -> tuple[bool, str, ServerFacts, str | None]:
     name = strip_userinfo(url)
-    ok, err = await _reachable(transport, url, window, try_timeout, info_timeout)
+    ok, err = await _reachable(transport, url, window, try_timeout, info_timeout or 10.0)
     if not ok:
         return False, err, ServerFacts(), None
     facts = await discover(transport, url, info_timeout)

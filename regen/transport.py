@@ -283,7 +283,7 @@ class Http11Transport(Transport):
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._idle: dict[tuple[str, str, int], list[_Reply]] = defaultdict(list)
-        self._heads: dict[str, tuple[tuple[str, str, int], bytes]] = {}
+        self._heads: dict[str | tuple[str, str], tuple[tuple[str, str, int], bytes]] = {}  # POST by URL, others by (method, URL)
         self._all: set[_Reply] = set()
         self._ssl: ssl.SSLContext | None = None
         self._sweeper: asyncio.Task | None = None

@@ -44,16 +44,19 @@ def test_a_signal_while_the_command_tree_is_built_exits_3_in_one_line(monkeypatc
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "app", building)
+    hook = sys.unraisablehook
     with pytest.raises(SystemExit) as exc:
         cli.main()
     assert exc.value.code == 3
     assert capsys.readouterr().err == "dqa: error: interrupted\n"
+    assert sys.unraisablehook is hook  # main() leaves the host program's hook as it was
 
 
 def test_an_interrupt_swallowed_by_a_callback_is_delivered_again_without_a_traceback(monkeypatch, capsys):
     """A SIGTERM/SIGINT whose KeyboardInterrupt lands in a weakref (or import-lock) callback would be
     printed as 'Exception ignored ... Traceback' and lost; the CLI's hook raises it again outside."""
     import signal
+    import threading
     import time
     import weakref
 
@@ -74,10 +77,11 @@ def test_an_interrupt_swallowed_by_a_callback_is_delivered_again_without_a_trace
     thing = Thing()
     ref = weakref.ref(thing, callback)
     try:
+        t0 = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
             del thing  # the callback runs here and its exception cannot propagate
-            for _ in range(500):  # the interrupt comes back within milliseconds
-                time.sleep(0.01)
+            threading.Event().wait(10)  # a real signal: even a blocked wait is woken
+        assert time.monotonic() - t0 < 5
     finally:
         signal.signal(signal.SIGINT, previous)
     assert ref() is None
@@ -95,3 +99,26 @@ def test_other_unraisable_errors_still_reach_the_default_hook(monkeypatch):
 
     common.redeliver_swallowed_interrupt(Args)
     assert seen == [Args]
+
+
+def test_a_swallowed_interrupt_is_not_delivered_twice_when_another_came_meanwhile(monkeypatch):
+    """A real signal handled before the re-delivery is due makes it moot: one interrupt, not two."""
+    import signal
+    import time
+
+    from dqa.commands import common
+
+    monkeypatch.setattr(common, "_stopping", False)
+    sent = []
+    monkeypatch.setattr(signal, "pthread_kill", lambda tid, sig: sent.append(sig))
+
+    class Swallowed:
+        exc_value = KeyboardInterrupt()
+
+    common.redeliver_swallowed_interrupt(Swallowed)
+    monkeypatch.setattr(common, "_interrupts", common._interrupts + 1)  # interrupt_handler raised again meanwhile
+    time.sleep(0.2)
+    assert sent == []
+    common.redeliver_swallowed_interrupt(Swallowed)
+    time.sleep(0.2)
+    assert sent == [signal.SIGINT]

@@ -237,3 +237,17 @@ def test_record_meta_is_the_json_of_its_fields_byte_for_byte():
         fields = [r.sample_id, r.status, r.finish_reason, r.error, r.endpoint, r.model, r.sampling, r.turn, r.turns, r.kept_len]
         assert _meta(r) == json.dumps(fields).encode()
         assert _meta(r) == json.dumps(fields).encode()  # the second time from the cached tail
+
+
+def test_shards_dictionary_encode_the_repeating_columns_and_not_the_token_ids(tmp_path):
+    """Dictionary encoding where values repeat (the 0/1 mask, statuses), plain for token ids, where
+    building a dictionary costs the most of a shard's write time and saves nothing."""
+    from dqa.regen.journal import write_table
+
+    path = tmp_path / "shard.parquet"
+    write_table(path, results_table([_result(r, n_out=50) for r in range(100)]))
+    md = pq.ParquetFile(path).metadata.row_group(0)
+    encodings = {md.column(i).path_in_schema: md.column(i).encodings for i in range(md.num_columns)}
+    assert "RLE_DICTIONARY" in encodings["loss_mask.list.element"]
+    assert "RLE_DICTIONARY" in encodings["status"] and "RLE_DICTIONARY" in encodings["endpoint"]
+    assert "RLE_DICTIONARY" not in encodings["input_ids.list.element"]

@@ -22,14 +22,17 @@ def stderr_is_tty() -> bool:
 
 
 _stopping = False  # a command has begun to end: further SIGINT/SIGTERM are ignored
+_interrupts = 0  # KeyboardInterrupts raised by interrupt_handler so far
 
 
 def interrupt_handler(signum: int, frame: Any) -> None:
     """SIGINT/SIGTERM handler of the CLI process: ``KeyboardInterrupt`` (exit 3 through
     ``handles_errors``) until a command has begun to end; then nothing, so a second signal
     cannot cut its cleanup or exit short. An interrupt swallowed somewhere (a weakref
-    callback) leaves the next signal effective."""
+    callback) is delivered again (``redeliver_swallowed_interrupt``)."""
+    global _interrupts
     if not _stopping:
+        _interrupts += 1
         raise KeyboardInterrupt
 
 
@@ -37,20 +40,28 @@ def redeliver_swallowed_interrupt(unraisable: Any) -> None:
     """``sys.unraisablehook`` of the CLI process. ``interrupt_handler``'s ``KeyboardInterrupt`` can
     land inside a callback that cannot raise (a weakref or import-lock callback): Python would print
     a traceback and drop the interrupt, so the command would run on. The interrupt is delivered
-    again instead, as a SIGINT 10 ms later from another thread (by then that callback has returned:
-    a SIGINT raised at once would land in this hook); anything else goes to the default hook."""
+    again instead: a SIGINT to the main thread 10 ms later, from a bare thread (by then that callback
+    has returned, and a real signal also wakes a main thread blocked in a wait), unless another
+    interrupt was raised meanwhile. Anything else goes to the default hook."""
     if not isinstance(unraisable.exc_value, KeyboardInterrupt):
         sys.__unraisablehook__(unraisable)
         return
     if _stopping:
         return
     import _thread
+    import signal
     import threading
+    import time
 
-    timer = threading.Timer(0.01, _thread.interrupt_main)
-    timer.daemon = True
+    seen, main = _interrupts, threading.main_thread().ident
+
+    def later() -> None:
+        time.sleep(0.01)
+        if _interrupts == seen and not _stopping:
+            signal.pthread_kill(main, signal.SIGINT)
+
     try:
-        timer.start()
+        _thread.start_new_thread(later, ())  # not threading.Thread: no lock the interrupted code may hold
     except RuntimeError:  # the interpreter is shutting down: nothing left to interrupt
         pass
 
