@@ -157,7 +157,8 @@ def results_table(results: list[Result]):
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(p_len + o_len, out=offsets[1:])
     mask = np.repeat(np.tile(np.array([0, 1], np.uint8), n), spans)
-    kept_len = np.where(np.asarray(kept, dtype=np.int64) >= 0, np.asarray(kept, dtype=np.int64), p_len) if n else p_len
+    kept_len = np.asarray(kept, dtype=np.int64) if n else p_len
+    kept_len = np.where(kept_len >= 0, kept_len, p_len)  # -1: the whole prompt was kept
     cols = {
         "row": pa.array(rows, pa.int64()),
         "id": pa.array(ids, pa.string()),

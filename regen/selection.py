@@ -371,7 +371,7 @@ def _batch_turn_jobs(b, local: np.ndarray, hpos: np.ndarray, hrow: np.ndarray, m
         heads = hpos[h_lo[k] : h_hi[k]] - start
         done = partial.get(row)
         orig = np.array(b.ids[start : int(b.offsets[local[k] + 1])], dtype=np.int32)  # kept past the batch, for later turns' prompts
-        conv = Conversation(row, sid, orig, heads.astype(np.int64), turn_ends(orig, heads, fmt), min(done) if done else int(first[k]),
+        conv = Conversation(row, sid, orig, heads.astype(np.int64), turn_ends(orig, heads, fmt), min(done) if done else first_l[k],
                             fmt, seed_base, gen_ids)
         for t, out in (done or {}).items():
             conv.outputs[t] = out

@@ -250,6 +250,11 @@ def _framing(head: bytes, keep: bool) -> tuple[int | None, bool, bool]:
     return length, chunked, keep
 
 
+def _with_body(head: bytes, body: bytes) -> bytes:
+    """A POST request: its cached head (up to ``Content-Length: ``), the length and the body."""
+    return b"".join((head, str(len(body)).encode(), b"\r\n\r\n", body))
+
+
 def _dechunk(buf: bytearray, pos: int) -> tuple[bytes, int] | None:
     """The body of a complete chunked reply starting at ``pos`` and where the reply ends (after its
     trailer); None while incomplete. Raises ValueError for a chunk size that is not hexadecimal."""
@@ -354,7 +359,7 @@ class Http11Transport(Transport):
         if self.read_timeout > 0 and (self._sweeper is None or self._sweeper.done()):  # started with the first request
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         key, head = self._head(url)
-        data = b"".join((head, str(len(body)).encode(), b"\r\n\r\n", body))
+        data = _with_body(head, body)
         conn = self._idle_connection(key) or await self._connect(key)
         return await self._round_trip(conn, key, data, self.read_timeout if self.read_timeout > 0 else float("inf"))
 
@@ -363,7 +368,7 @@ class Http11Transport(Transport):
         if method not in ("GET", "POST"):
             raise ValueError(f"method {method!r}: GET or POST")
         key, head = self._head(url, method)
-        data = b"".join((head, str(len(body or b"")).encode(), b"\r\n\r\n", body or b"")) if method == "POST" else head
+        data = _with_body(head, body or b"") if method == "POST" else head
         conn = self._idle_connection(key) or await self._connect(key, timeout if connect_timeout is None else connect_timeout)
         try:  # a timer per request: these are rare (health checks, probes), and their timeouts short
             return await asyncio.wait_for(self._round_trip(conn, key, data, float("inf")), timeout if timeout > 0 else None)

@@ -20,7 +20,6 @@ shard, not the reply's ``usage``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
