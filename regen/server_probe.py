@@ -174,6 +174,19 @@ async def route_status(transport: Transport, url: str, timeout: float) -> int | 
     return status
 
 
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+def redirected(name: str, path: str, status: int | None) -> str | None:
+    """The usage error for a generation route that answers with a redirect, or None for any other
+    status. dqa posts to the URL as given: following a redirect would cost every request a second
+    round trip, and a 301/302/303 turns a POST into a GET."""
+    if status not in REDIRECTS:
+        return None
+    return (f"{name}: {path} answers HTTP {status}, a redirect; dqa does not follow redirects: "
+            "pass -e the URL it redirects to (behind a proxy often https://)")
+
+
 async def _reachable(transport: Transport, url: str, window: float, try_timeout: float, read_timeout: float) -> tuple[bool, str]:
     """Whether ``url`` answers HTTP at all (any status; a connection that is accepted but slow to
     answer counts too) within ``window`` seconds; the last connect error when it does not."""

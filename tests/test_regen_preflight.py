@@ -103,36 +103,25 @@ def test_status_classification_follows_sglang():
 # ------------------------------------------------------------------------------ preflight
 
 
-class OpenAIOnly:
-    """A minimal OpenAI-compatible server (no /generate, no /server_info) on a free port,
-    counting the POSTs it gets."""
+class ThreadServer:
+    """A minimal aiohttp server on a free port, run in a thread; subclasses add ``routes``."""
 
     def __init__(self):
-        self.posts = 0
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
         self.thread = threading.Thread(target=self._serve, args=(ready,), daemon=True)
         self.thread.start()
         assert ready.wait(60)
 
+    def routes(self, app) -> None:
+        raise NotImplementedError
+
     def _serve(self, ready):
         from aiohttp import web
 
-        async def models(request):
-            return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
-
-        async def chat(request):
-            self.posts += 1
-            return web.json_response({"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}]})
-
-        async def health(request):
-            return web.Response(status=200)
-
         async def start():
             app = web.Application()
-            app.router.add_get("/v1/models", models)
-            app.router.add_post("/v1/chat/completions", chat)
-            app.router.add_get("/health", health)
+            self.routes(app)
             self.runner = web.AppRunner(app)
             await self.runner.setup()
             site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -148,6 +137,48 @@ class OpenAIOnly:
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(30)
+
+
+class OpenAIOnly(ThreadServer):
+    """An OpenAI-compatible server (no /generate, no /server_info), counting the POSTs it gets."""
+
+    posts = 0
+
+    def routes(self, app) -> None:
+        from aiohttp import web
+
+        async def models(request):
+            return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+        async def chat(request):
+            self.posts += 1
+            return web.json_response({"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}]})
+
+        async def health(request):
+            return web.Response(status=200)
+
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/chat/completions", chat)
+        app.router.add_get("/health", health)
+
+
+class RedirectsEverything(ThreadServer):
+    """A proxy that sends every request elsewhere with one status (an http -> https redirect),
+    counting the requests that are not GETs."""
+
+    def __init__(self, status: int):
+        self.status = status
+        self.posts = 0
+        super().__init__()
+
+    def routes(self, app) -> None:
+        from aiohttp import web
+
+        async def moved(request):
+            self.posts += request.method != "GET"
+            return web.Response(status=self.status, headers={"Location": "https://127.0.0.1:1" + request.path})
+
+        app.router.add_route("*", "/{tail:.*}", moved)
 
 
 def test_an_openai_server_without_protocol_openai_is_refused_before_any_request(data, tmp_path):
@@ -167,6 +198,25 @@ def test_an_openai_server_without_protocol_openai_is_refused_before_any_request(
     assert p.returncode == 2, p.stderr
     assert p.stderr.strip() == f"dqa: error: {server.url}: this server has no /generate (an OpenAI-compatible server): use --protocol openai"
     assert not read_shards(tmp_path / "out2").num_rows
+
+
+@pytest.mark.parametrize(("protocol", "path", "status"), [("sglang", "/generate", 308), ("openai", "/v1/chat/completions", 301)])
+def test_a_generation_route_that_redirects_is_refused_with_the_fix_before_any_request(data, tmp_path, protocol, path, status):
+    server = RedirectsEverything(status)
+    try:
+        # the timeout only bounds a hang: it is half the default 600-s down deadline
+        p = subprocess.run(
+            [sys.executable, "-m", "dqa.cli", "regen", str(data[0]), "--findings", str(data[1]), "-e", server.url,
+             "--protocol", protocol, "--out", str(tmp_path / "out"), "--quiet"],
+            capture_output=True, text=True, timeout=300, cwd=REPO,
+        )  # fmt: skip
+    finally:
+        server.stop()
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip() == (f"dqa: error: {server.url}: {path} answers HTTP {status}, a redirect; dqa does not "
+                                "follow redirects: pass -e the URL it redirects to (behind a proxy often https://)")
+    assert server.posts == 0
+    assert not read_shards(tmp_path / "out").num_rows
 
 
 def test_endpoints_that_never_answer_stop_the_run_within_seconds_not_after_the_down_deadline(data, tmp_path):

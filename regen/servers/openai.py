@@ -299,9 +299,12 @@ class OpenAI(ServerKind):
         """No ``/v1/chat/completions`` (404) is the wrong protocol. Otherwise an SGLang endpoint
         gets the token-exact probe (``facts.token_ids``); another server takes the text round
         trip, unprobed; a server that did not say what it is stays unknown (its first reply decides)."""
-        from dqa.regen.server_probe import route_status
+        from dqa.regen.server_probe import redirected, route_status
 
-        if await route_status(transport, url + OpenAIProtocol.path, timeout) == 404:
+        status = await route_status(transport, url + OpenAIProtocol.path, timeout)
+        if (moved := redirected(name, OpenAIProtocol.path, status)) is not None:
+            return moved
+        if status == 404:
             what = "an SGLang server without the OpenAI routes" if facts.kind == "sglang" else "not an OpenAI-compatible server"
             return f"{name}: this server has no /v1/chat/completions ({what}): use --protocol sglang"
         if facts.kind == "sglang":

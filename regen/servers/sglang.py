@@ -329,9 +329,12 @@ class Sglang(ServerKind):
         POST-only route answers 405) is the wrong protocol."""
         if facts.kind == "sglang":
             return None
-        from dqa.regen.server_probe import route_status
+        from dqa.regen.server_probe import redirected, route_status
 
-        if await route_status(transport, url + SglangProtocol.path, timeout) == 404:
+        status = await route_status(transport, url + SglangProtocol.path, timeout)
+        if (moved := redirected(name, SglangProtocol.path, status)) is not None:
+            return moved
+        if status == 404:
             what = "an OpenAI-compatible server" if facts.kind == "openai" else "not an SGLang server"
             return f"{name}: this server has no /generate ({what}): use --protocol openai"
         return None
