@@ -89,7 +89,9 @@ class AiohttpTransport(Transport):
                       connect_timeout: float | None = None) -> tuple[int, bytes]:
         import aiohttp
 
-        t = aiohttp.ClientTimeout(total=None, sock_connect=timeout if connect_timeout is None else connect_timeout, sock_read=timeout)
+        connect = timeout if connect_timeout is None else connect_timeout
+        # aiohttp cannot start the reply's clock after the connect: the total allows both phases
+        t = aiohttp.ClientTimeout(total=connect + timeout, sock_connect=connect, sock_read=timeout)
         try:
             async with self.session.request(method, url, data=body, headers=self.headers, timeout=t, allow_redirects=False) as resp:
                 return resp.status, await resp.read()

@@ -418,6 +418,40 @@ def test_the_aiohttp_transport_answers_requests_the_same_way():
     assert refused.kind == "connect" and not refused.connected
 
 
+@pytest.mark.parametrize("kind", ["http11", "aiohttp"])
+def test_a_reply_that_trickles_on_fails_as_a_timeout_of_the_whole_reply(kind):
+    """``request(timeout=...)`` bounds the whole reply, not each read: a server sending a byte of a
+    chunked reply every 50 ms (for 30 s in all) is cut off, not waited for."""
+    import aiohttp
+
+    from dqa.regen.transport import AiohttpTransport
+
+    async def trickle(writer):
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(600):
+            writer.write(b"1\r\n \r\n")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async def main():
+        srv = Scripted([trickle])
+        url = await srv.start()
+        async with aiohttp.ClientSession() as session:
+            t = Http11Transport() if kind == "http11" else AiohttpTransport(session)
+            try:
+                with pytest.raises(TransportError) as info:
+                    await t.request("GET", url, timeout=1.0)
+                return info.value
+            finally:
+                await t.close()
+                await srv.stop()
+
+    err = asyncio.run(main())
+    assert err.kind == "timeout" and err.connected
+
+
 def _framing_by_lines(head: bytes, keep: bool):
     """The framing rules read line by line (RFC 9112): the reference the transport's shortcut must match."""
     length, chunked = None, False
