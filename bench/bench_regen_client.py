@@ -1,8 +1,10 @@
 """How fast is dqa's regen client, side by side with the way public regeneration scripts work?
 
 Part 1, ``loopback``: against the SGLang-contract stub server (tests/servers/sglang_contract.py)
-in ``--zero-latency`` mode on this machine, so the server answers at once and the client is
-what limits. In ONE run it measures requests/s and client CPU time per request for
+in ``--zero-latency`` mode on this machine, so the server answers at once. It still spends about
+250 us of CPU per request on the same cores (aiohttp, JSON, the contract's checks), which caps
+the fastest clients; its CPU per request is printed next to each client's. In ONE run it
+measures requests/s and client CPU time per request for
 
 - ``dqa regen`` (the programmatic ``regenerate(config)``, in this process: dataset read,
   dispatch, durable journal + parquet shards, progress.json; everything a real run does),
