@@ -184,7 +184,7 @@ def redirected(name: str, path: str, status: int | None) -> str | None:
     if status not in REDIRECTS:
         return None
     return (f"{name}: {path} answers HTTP {status}, a redirect; dqa does not follow redirects: "
-            "pass -e the URL it redirects to (behind a proxy often https://)")
+            f"pass -e the base URL it redirects to, without {path} (behind a proxy often https://)")
 
 
 async def _reachable(transport: Transport, url: str, window: float, try_timeout: float, read_timeout: float) -> tuple[bool, str]:

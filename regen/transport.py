@@ -35,9 +35,9 @@ IDLE_EXPIRY = 4.0
 
 class TransportError(Exception):
     """A request that got no complete reply. ``kind``: ``connect`` (no connection could be made:
-    refused, unreachable, a bad address), ``timeout`` (connecting took over ``connect`` seconds, or
-    no reply bytes came for ``read`` seconds) or ``io`` (the connection broke, or the reply was not
-    HTTP). ``connected``: whether a connection was made (False for ``connect``, and for a timeout
+    refused, unreachable, a bad address), ``timeout`` (connecting took over ``connect`` seconds, no
+    reply bytes came for ``read`` seconds, or ``request``'s reply did not come in full within its
+    ``timeout``) or ``io`` (the connection broke, or the reply was not HTTP). ``connected``: whether a connection was made (False for ``connect``, and for a timeout
     while connecting): something that accepts connections is there."""
 
     def __init__(self, kind: str, message: str, connected: bool | None = None):
@@ -90,11 +90,16 @@ class AiohttpTransport(Transport):
         import aiohttp
 
         connect = timeout if connect_timeout is None else connect_timeout
-        # aiohttp cannot start the reply's clock after the connect: the total allows both phases
-        t = aiohttp.ClientTimeout(total=connect + timeout, sock_connect=connect, sock_read=timeout)
+        # aiohttp has no clock that starts once connected (its total would also cut a slow DNS
+        # lookup and then say "connected"): the head is bounded by the read timeout, the body by
+        # ``timeout`` after it.
+        t = aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=timeout)
         try:
             async with self.session.request(method, url, data=body, headers=self.headers, timeout=t, allow_redirects=False) as resp:
-                return resp.status, await resp.read()
+                try:
+                    return resp.status, await asyncio.wait_for(resp.read(), timeout)
+                except asyncio.TimeoutError:
+                    raise TransportError("timeout", f"the reply did not come in full within {timeout:g} s") from None
         except asyncio.TimeoutError as exc:
             connected = not isinstance(exc, getattr(aiohttp, "ConnectionTimeoutError", ()))
             raise TransportError("timeout", "timed out", connected=connected) from None

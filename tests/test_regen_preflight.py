@@ -214,7 +214,7 @@ def test_a_generation_route_that_redirects_is_refused_with_the_fix_before_any_re
         server.stop()
     assert p.returncode == 2, p.stderr
     assert p.stderr.strip() == (f"dqa: error: {server.url}: {path} answers HTTP {status}, a redirect; dqa does not "
-                                "follow redirects: pass -e the URL it redirects to (behind a proxy often https://)")
+                                f"follow redirects: pass -e the base URL it redirects to, without {path} (behind a proxy often https://)")
     assert server.posts == 0
     assert not read_shards(tmp_path / "out").num_rows
 

@@ -91,6 +91,25 @@ def test_output_is_deterministic_in_prompt_and_seed(stub):
     assert ids(1) != ids(1, PROMPT[:-1] + [271, 198])
 
 
+def test_planned_replies_span_their_length_ranges_and_impossible_ranges_are_refused():
+    lengths = set()
+    for i in range(3000):
+        reply = plan_reply([i, 7, 9], None, (8, 30), (2, 6))
+        assert reply == plan_reply([i, 7, 9], 0, (8, 30), (2, 6))  # no seed is seed 0
+        end = reply.index(END_THINK)
+        n_think, n_answer = end - 6, len(reply) - end - 7
+        thinking = reply[4 : 4 + n_think]
+        assert all((thinking[k] == 11) == (k % 7 == 5) for k in range(n_think))  # commas at 5, 12, ..., nowhere else
+        assert reply[-1] == IM_END and reply[end + 1] == NL2
+        lengths.add((n_think, n_answer))
+    assert lengths == {(t, a) for t in range(8, 31) for a in range(2, 7)}
+    for think, answer in [((10, 5), (4, 12)), ((16, 48), (-1, 3)), ((65530, 65536), (6, 6))]:
+        with pytest.raises(ValueError):
+            plan_reply([1, 2], 3, think, answer)
+    with pytest.raises(SystemExit):
+        parse_args(["--think-min", "50"])  # above the default --think-max 48
+
+
 def test_short_max_new_tokens_is_finish_reason_length(stub):
     body = generate(stub.url, sampling_params={"max_new_tokens": 5, "sampling_seed": 3}).json()
     assert body["output_ids"] == plan_reply(PROMPT, 3)[:5]

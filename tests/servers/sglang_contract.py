@@ -207,6 +207,16 @@ def unknown_field_message(key: str, fields: tuple[str, ...] = SAMPLING_FIELDS) -
 _WORD_POOL = tuple(random.Random(0x5EED).choices(_WORD_IDS, k=1 << 16))
 
 
+def reply_ranges_problem(think_range: tuple[int, int], answer_range: tuple[int, int]) -> str | None:
+    """What is wrong with a reply's word-count ranges (each ``(min, max)``, inclusive), or None."""
+    for what, (lo, hi) in (("thinking", think_range), ("answer", answer_range)):
+        if not 0 <= lo <= hi:
+            return f"the {what} length range must have 0 <= min <= max, got {lo}..{hi}"
+    if think_range[1] + answer_range[1] >= len(_WORD_POOL):
+        return f"a reply must stay under {len(_WORD_POOL)} words"
+    return None
+
+
 def plan_reply(input_ids: list[int], seed: int | None, think_range: tuple[int, int] = (16, 48),
                answer_range: tuple[int, int] = (4, 12)) -> list[int]:
     """Return the full planned reply (ids, ending with ``<|im_end|>``) for a prompt and seed.
@@ -215,6 +225,9 @@ def plan_reply(input_ids: list[int], seed: int | None, think_range: tuple[int, i
     The thinking is ``think_range`` words long and the answer ``answer_range`` words (both
     inclusive), each a stretch of ``_WORD_POOL`` chosen by the hash of (input_ids, seed).
     """
+    why = reply_ranges_problem(think_range, answer_range)
+    if why:
+        raise ValueError(why)
     h = hash((tuple(input_ids), seed or 0)) & 0xFFFF_FFFF_FFFF_FFFF
     think_span = think_range[1] - think_range[0] + 1
     answer_span = answer_range[1] - answer_range[0] + 1
@@ -1151,6 +1164,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     elif args.speculative_algorithm and None in spec:
         p.error("set all three speculative numbers (--speculative-num-steps, --speculative-eagle-topk, "
                 "--speculative-num-draft-tokens) with --speculative-algorithm")
+    why = reply_ranges_problem((args.think_min, args.think_max), (args.answer_min, args.answer_max))
+    if why:
+        p.error(f"--think-min/--think-max/--answer-min/--answer-max: {why}")
     return args
 
 
