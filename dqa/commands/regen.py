@@ -16,7 +16,7 @@ Resumable: rerun the same command after a crash, kill -9 or Ctrl-C; finished row
 
 Example:  dqa regen data/train.parquet --fleet fleet.json --out regen/ --gpu-hour-cost 6.5
 
-Exit codes: 0 every selected row recorded (ok, length or failed), 2 bad input, an --out made for another run, or an endpoint that does not speak --protocol, 3 interrupted, no endpoint answering at start-up, all endpoints down past --down-deadline, a request every server rejects (a dqa bug), or every request of the run failed.
+Exit codes: 0 every selected row recorded (ok, length or failed), 2 bad input, an --out made for another run, or an endpoint that does not speak --protocol or whose generation route redirects, 3 interrupted, no endpoint answering at start-up, all endpoints down past --down-deadline, a request every server rejects (a dqa bug), or every request of the run failed.
 """
 
 
