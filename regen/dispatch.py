@@ -515,9 +515,9 @@ class Dispatcher:
     async def _health(self, ep: Endpoint) -> tuple[bool, str]:
         paths = self.health_paths
         timeout = self.s.health_timeout
+        connect = min(self.s.connect_timeout, timeout) if self.s.connect_timeout > 0 else timeout
         for _ in range(len(paths)):
             try:
-                connect = min(self.s.connect_timeout, timeout) if self.s.connect_timeout > 0 else timeout
                 status, _ = await self.transport.request("GET", ep.url + ep.health_path, timeout=timeout, connect_timeout=connect)
             except TransportError as exc:
                 if exc.kind == "timeout":

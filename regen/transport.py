@@ -37,8 +37,9 @@ class TransportError(Exception):
     """A request that got no complete reply. ``kind``: ``connect`` (no connection could be made:
     refused, unreachable, a bad address), ``timeout`` (connecting took over ``connect`` seconds, no
     reply bytes came for ``read`` seconds, or ``request``'s reply did not come in full within its
-    ``timeout``) or ``io`` (the connection broke, or the reply was not HTTP). ``connected``: whether a connection was made (False for ``connect``, and for a timeout
-    while connecting): something that accepts connections is there."""
+    ``timeout``) or ``io`` (the connection broke, or the reply was not HTTP). ``connected``: whether
+    a connection was made (False for ``connect``, and for a timeout while connecting): something
+    that accepts connections is there."""
 
     def __init__(self, kind: str, message: str, connected: bool | None = None):
         super().__init__(message)
