@@ -110,6 +110,13 @@ def test_planned_replies_span_their_length_ranges_and_impossible_ranges_are_refu
         parse_args(["--think-min", "50"])  # above the default --think-max 48
 
 
+def test_different_prompts_do_not_share_an_answer_a_rescan_would_flag_as_duplicate():
+    # 20,000 answers of 12-20 words: words drawn one by one would repeat none; a single stretch of
+    # the word pool per answer repeated 267 of them (and 2 of a 72-turn set's answers in 0.4% of sets).
+    answers = {tuple(plan_reply([i, 5], 7, (16, 48), (12, 20))[-23:]) for i in range(20_000)}
+    assert len(answers) == 20_000
+
+
 def test_short_max_new_tokens_is_finish_reason_length(stub):
     body = generate(stub.url, sampling_params={"max_new_tokens": 5, "sampling_seed": 3}).json()
     assert body["output_ids"] == plan_reply(PROMPT, 3)[:5]
