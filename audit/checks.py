@@ -34,7 +34,8 @@ turns does:
   the history it answers, not only the last question), so one reply to "Can you elaborate?" after
   two different conversations is a duplicate, while the same conversation stored twice is not;
 - ``short_response`` counts each turn's content, and ``repetition_loop`` each turn's repeated 8-grams
-  (a loop in one turn of three is not diluted by the others);
+  (a loop in one turn of three is not diluted by the others) and its longest repeated stretch (a 6K-token
+  loop inside a 22K-token thought is a quarter of the turn, but 6K tokens of loop);
 - the thinking checks look at each turn's think block (``missing_thinking`` only on turns whose
   think block the template keeps: Qwen3 drops the reasoning of history turns, those before the last
   real user message; the tool-calling turns after it, followed only by tool results, keep theirs);
@@ -131,9 +132,11 @@ def _empty_thinking(ctx: Context) -> pl.Expr:
 
 
 def _loop(ctx: Context) -> pl.Expr:
-    return (pl.col("content_tokens") >= _p(ctx, "repetition_loop", "min_tokens")) & (
+    """A repeated 8-gram dominates the text (its share), or one repeated stretch is long whatever else the text holds."""
+    dominated = (pl.col("content_tokens") >= _p(ctx, "repetition_loop", "min_tokens")) & (
         pl.col("ngram_repeat_share") >= _p(ctx, "repetition_loop", "min_repeat_share")
     )
+    return dominated | (pl.col("loop_tokens") >= _p(ctx, "repetition_loop", "min_loop_tokens"))
 
 
 _TEMPLATE = ("supervised_tokens", "template_rows")
@@ -240,13 +243,14 @@ CHECKS: tuple[Check, ...] = (
     Check(
         name="repetition_loop",
         label="a repeated n-gram dominates",
-        flags_when="the supervised text (of the sample, or of a trained turn) is dominated by a repeated n-gram (a thinking loop)",
+        flags_when="the supervised text (of the sample, or of a trained turn) is dominated by a repeated n-gram (a thinking loop), "
+        "or holds a repeated stretch of at least min_loop_tokens tokens (a long loop inside a longer thought)",
         why="loops teach the model to loop; they also burn the token budget of the sample",
         priority=50,
-        needs=("content_tokens", "ngram_repeat_share"),
+        needs=("content_tokens", "ngram_repeat_share", "loop_tokens"),
         rule=_loop,
-        defaults={"min_tokens": 128, "min_repeat_share": 0.5},
-        turn_needs=("content_tokens", "ngram_repeat_share"),
+        defaults={"min_tokens": 128, "min_repeat_share": 0.5, "min_loop_tokens": 1024},
+        turn_needs=("content_tokens", "ngram_repeat_share", "loop_tokens"),
         turn_rule=_loop,
     ),
     Check(

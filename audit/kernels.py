@@ -51,6 +51,7 @@ SAMPLE_RATE = 1 / 8
 KEY_INDEX_BITS = 24  # n-gram sort keys: 40 hash bits, and the row (and turn in the row) in the 24 others
 EXACT_MIN_POSITIONS = 64  # under-sampled rows at least this long are measured exactly
 _NGRAM_BLOCK = 16384  # 8-gram positions hashed per block (``_hash_ngrams``)
+GAP_EXACT = 128  # a stretch of at least this many tokens without an anchor has its 8-grams measured exactly (loop stretches)
 
 # Lookup-table codes: template kind in the low bits, boilerplate flag in the high bit.
 TURN_START, EOT, THINK_OPEN, THINK_CLOSE = 1, 2, 3, 4
@@ -284,6 +285,88 @@ def _repeat_counts(row: np.ndarray, h: np.ndarray, n: int) -> tuple[np.ndarray, 
     return total, np.bincount(dup_rows, minlength=n)
 
 
+def _dedupe_sorted(values: np.ndarray) -> np.ndarray:
+    """The distinct values of the sorted ``values``."""
+    if values.size == 0:
+        return values
+    keep = np.ones(values.size, dtype=bool)
+    keep[1:] = values[1:] != values[:-1]
+    return values[keep]
+
+
+def _member(sorted_set: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Whether each of ``values`` is in ``sorted_set`` (sorted, distinct): one binary search each."""
+    if sorted_set.size == 0 or values.size == 0:
+        return np.zeros(values.size, dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_set, values), sorted_set.size - 1)
+    return sorted_set[at] == values
+
+
+def _longest_runs(pos: np.ndarray, seg: np.ndarray, rep: np.ndarray, n: int) -> np.ndarray:
+    """Per segment (``0 <= seg < n``), the longest stretch of tokens covered by a run of repeated 8-grams:
+    ``pos``/``seg``/``rep`` list a segment's measured 8-grams in position order (segments disjoint and
+    in order), ``rep`` whether each occurs more than once in its segment; a run is a maximal sequence of
+    consecutive listed 8-grams that all repeat, and it covers ``pos[last] - pos[first] + NGRAM`` tokens.
+    0 for a segment without a repeated 8-gram."""
+    out = np.zeros(n, dtype=np.int64)
+    idx = np.flatnonzero(rep)
+    if idx.size == 0:
+        return out
+    s = seg[idx]
+    new = np.ones(idx.size, dtype=bool)
+    new[1:] = (idx[1:] != idx[:-1] + 1) | (s[1:] != s[:-1])
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, idx.size - 1)
+    np.maximum.at(out, s[first], (pos[idx[last]] - pos[idx[first]] + NGRAM).astype(np.int64))
+    return out
+
+
+def _stretches(pos: np.ndarray, h: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The longest repeated stretch (``_longest_runs``) of each segment ``[lo, hi)`` (sorted, disjoint), over
+    the 8-grams starting at ``pos`` (sorted) with hashes ``h``: an 8-gram repeats when another of the listed
+    8-grams of its segment is equal."""
+    n = len(lo)
+    if n == 0 or pos.size == 0:
+        return np.zeros(n, dtype=np.int64)
+    seg, inside = _segment_of(pos, lo, hi)
+    pos, h, seg = pos[inside], h[inside], seg[inside]
+    key = (seg.astype(np.uint64) << np.uint64(40)) | (h >> np.uint64(24))
+    ordered = np.sort(key)
+    repeated = _dedupe_sorted(ordered[1:][ordered[1:] == ordered[:-1]])
+    return _longest_runs(pos, seg, _member(repeated, key), n)
+
+
+def _gap_ngrams(sup_mix: np.ndarray, anchors: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 8-grams a sample of anchors cannot see: those starting in a stretch of at least ``GAP_EXACT``
+    tokens of one row (``bounds``: the rows' offsets in ``sup_mix``) without an anchor token (a loop whose
+    few distinct tokens include no anchor). Returns their start positions (sorted) and hashes; stretches are
+    found from the anchors' positions and the rows' bounds, not by a pass over the tokens."""
+    none = np.zeros(0, dtype=np.int64)
+    if sup_mix.size < GAP_EXACT:
+        return none, np.zeros(0, dtype=np.uint64)
+    edges = np.concatenate(([-1], anchors, [sup_mix.size]))
+    g_lo, g_hi = edges[:-1] + 1, edges[1:]  # the anchor-free stretches, possibly across rows
+    wide = g_hi - g_lo >= GAP_EXACT
+    g_lo, g_hi = g_lo[wide], g_hi[wide]
+    if g_lo.size == 0:
+        return none, np.zeros(0, dtype=np.uint64)
+    # Cut each stretch at the row bounds inside it: one piece per row it overlaps.
+    r0 = np.searchsorted(bounds, g_lo, side="right") - 1
+    r1 = np.searchsorted(bounds, g_hi - 1, side="right") - 1
+    k = np.repeat(np.arange(g_lo.size), r1 - r0 + 1)
+    row = np.repeat(r0, r1 - r0 + 1) + ranks(r1 - r0 + 1)
+    p_lo = np.maximum(g_lo[k], bounds[row])
+    p_hi = np.minimum(g_hi[k], bounds[row + 1])
+    # 8-gram starts in each piece that leave room for 8 tokens in its row.
+    last = np.minimum(p_hi, bounds[row + 1] - NGRAM + 1)
+    keep = (p_hi - p_lo >= GAP_EXACT) & (last > p_lo)
+    p_lo, last = p_lo[keep], last[keep]
+    if p_lo.size == 0:
+        return none, np.zeros(0, dtype=np.uint64)
+    pos = np.repeat(p_lo, last - p_lo) + ranks(last - p_lo)
+    return pos, _hash_ngrams(sup_mix, pos)
+
+
 def _anchor_ngrams(sup_mix: np.ndarray, anchors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The sampled 8-grams of ``sup_mix``: their start positions (``anchors`` that leave room for
     an 8-gram) and their hashes."""
@@ -323,7 +406,8 @@ def _shares(sup_mix: np.ndarray, total: np.ndarray, dups: np.ndarray, lo: np.nda
 
 
 def _row_and_turn_repeat_shares(sup_mix: np.ndarray, pos: np.ndarray, h: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                                t_lo: np.ndarray, t_hi: np.ndarray, t_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                                t_lo: np.ndarray, t_hi: np.ndarray, t_row: np.ndarray
+                                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Share of the 8-grams of each row ``sup_mix[lo[r]:hi[r]]`` (sorted, disjoint, gaps allowed)
     that repeat an earlier 8-gram of the same row, and the same for each turn ``[t_lo, t_hi)``
     (sorted, disjoint, each inside its row ``t_row``; none is fine), from one sort of the sampled
@@ -341,10 +425,16 @@ def _row_and_turn_repeat_shares(sup_mix: np.ndarray, pos: np.ndarray, h: np.ndar
     at those few points, and each sampled 8-gram takes the value of the step it falls in (one
     ``np.repeat``); the counts per row and turn come from the steps, not from the 8-grams. Where
     the rows' and turns' indices do not fit beside the 40 hash bits, two sorts are made instead.
+
+    Returns ``(row shares, turn shares, row stretches, turn stretches)``: a stretch is the longest run of
+    consecutive sampled 8-grams that each occur more than once among the sampled 8-grams of the row (turn),
+    in tokens (``_longest_runs``). It is read from the same sort: the repeated keys are the sorted array's
+    equal neighbours, and only the rows that have one list their 8-grams again, in position order.
     """
     n, m = len(lo), len(t_lo)
     if sup_mix.size < NGRAM or n == 0:
-        return np.zeros(n, dtype=np.float64), np.zeros(m, dtype=np.float64)
+        return (np.zeros(n, dtype=np.float64), np.zeros(m, dtype=np.float64), np.zeros(n, dtype=np.int64),
+                np.zeros(m, dtype=np.int64))
     row_first_turn = np.searchsorted(t_row, np.arange(n), side="left")  # index of each row's first turn
     tbits = int(np.bincount(t_row, minlength=1).max()).bit_length() if m else 0  # 1-based turn within its row
     rbits = n.bit_length()  # row n: starts no row holds whole
@@ -372,23 +462,39 @@ def _row_and_turn_repeat_shares(sup_mix: np.ndarray, pos: np.ndarray, h: np.ndar
     later = later[(later & turn_bits) != 0]  # a repeat inside a turn
     turn = row_first_turn[(later >> H).astype(np.int64)] + (later & turn_bits).astype(np.int64) - 1
     t_dups = np.bincount(turn, minlength=m)
-    return _shares(sup_mix, total, dups, lo, hi), _shares(sup_mix, t_total, t_dups, t_lo, t_hi)
+    # Stretches: the steps of the rows with a repeat list their 8-grams again, in position order.
+    stretch, t_stretch = np.zeros(n, dtype=np.int64), np.zeros(m, dtype=np.int64)
+    cs = np.flatnonzero(in_row & (dups[np.maximum(r, 0)] > 0))
+    if cs.size:
+        first_gram = np.searchsorted(pos, steps, side="left")
+        count = per_step[cs]
+        g = np.repeat(first_gram[cs], count) + ranks(count)
+        g_key = np.repeat(label[cs], count) | ((h[g] >> np.uint64(24)) << T)
+        g_pos = pos[g]
+        row_rep = _member(_dedupe_sorted(key[1:][same_row_hash] >> T), g_key >> T)
+        stretch = _longest_runs(g_pos, np.repeat(r[cs], count), row_rep, n)
+        if m:
+            in_t = np.repeat(in_turn[cs], count)
+            t_rep = _member(_dedupe_sorted(later), g_key[in_t])
+            t_stretch = _longest_runs(g_pos[in_t], np.repeat(j[cs], count)[in_t], t_rep, m)
+    return (_shares(sup_mix, total, dups, lo, hi), _shares(sup_mix, t_total, t_dups, t_lo, t_hi), stretch, t_stretch)
 
 
 def _row_and_turn_repeat_shares_by_two_sorts(sup_mix: np.ndarray, pos: np.ndarray, h: np.ndarray, lo: np.ndarray,
                                              hi: np.ndarray, t_lo: np.ndarray, t_hi: np.ndarray,
-                                             t_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``_row_and_turn_repeat_shares`` with a sort for the rows and one for the turns: for batches
-    whose row and turn indices do not fit in a sort key beside the hash bits."""
+                                             t_row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``_row_and_turn_repeat_shares`` with a sort for the rows and one for the turns (and one each for
+    their stretches): for batches whose row and turn indices do not fit in a sort key beside the hash bits."""
     n, m = len(lo), len(t_lo)
+    stretch, t_stretch = _stretches(pos, h, lo, hi), _stretches(pos, h, t_lo, t_hi)
     seg, inside = _segment_of(pos, lo, hi)
     pos, h, seg = pos[inside], h[inside], seg[inside]
     total, dups = _repeat_counts(seg, h, n)
     if m == 0:
-        return _shares(sup_mix, total, dups, lo, hi), np.zeros(0, dtype=np.float64)
+        return _shares(sup_mix, total, dups, lo, hi), np.zeros(0, dtype=np.float64), stretch, t_stretch
     tseg, t_inside = _segment_of(pos, t_lo, t_hi)
     t_total, t_dups = _repeat_counts(tseg[t_inside], h[t_inside], m)
-    return _shares(sup_mix, total, dups, lo, hi), _shares(sup_mix, t_total, t_dups, t_lo, t_hi)
+    return _shares(sup_mix, total, dups, lo, hi), _shares(sup_mix, t_total, t_dups, t_lo, t_hi), stretch, t_stretch
 
 
 def _ngram_repeat_share(sup_mix: np.ndarray, anchors: np.ndarray, bounds: np.ndarray) -> np.ndarray:
@@ -398,6 +504,20 @@ def _ngram_repeat_share(sup_mix: np.ndarray, anchors: np.ndarray, bounds: np.nda
     pos, h = _anchor_ngrams(sup_mix, anchors)
     none = np.zeros(0, dtype=np.int64)
     return _row_and_turn_repeat_shares(sup_mix, pos, h, bounds[:-1], bounds[1:], none, none, none)[0]
+
+
+def loop_stretches(sup_mix: np.ndarray, anchors: np.ndarray, bounds: np.ndarray, t_lo: np.ndarray | None = None,
+                   t_hi: np.ndarray | None = None, t_row: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The longest repeated stretch in tokens of each row ``sup_mix[bounds[r]:bounds[r+1]]`` and of each
+    turn ``[t_lo, t_hi)`` (``loop_tokens``): the 8-grams starting at anchor tokens and, in stretches of at
+    least ``GAP_EXACT`` tokens without one, every 8-gram (``_gap_ngrams``), each measured apart; the longer
+    run wins. For tests and tools; the kernel computes the same beside the shares."""
+    none = np.zeros(0, dtype=np.int64)
+    t_lo, t_hi, t_row = (none if v is None else v for v in (t_lo, t_hi, t_row))
+    pos, h = _anchor_ngrams(sup_mix, anchors)
+    _, _, rows, turns = _row_and_turn_repeat_shares(sup_mix, pos, h, bounds[:-1], bounds[1:], t_lo, t_hi, t_row)
+    g_pos, g_h = _gap_ngrams(sup_mix, anchors, bounds)
+    return np.maximum(rows, _stretches(g_pos, g_h, bounds[:-1], bounds[1:])), np.maximum(turns, _stretches(g_pos, g_h, t_lo, t_hi))
 
 
 def _matches(ids: np.ndarray, pos: np.ndarray, limit: np.ndarray, seq) -> np.ndarray:
@@ -611,7 +731,8 @@ def batch_metrics_and_turns(batch: TokenBatch, tables: KernelTables) -> tuple[di
             "last_supervised_eot": _ends_at_eot(ids, t_last, starts[t_row], ends[t_row], np.ones(tr.size, dtype=bool), spec),
             "final_turn": final,
             "keeps_reasoning": keeps,
-            "ngram_repeat_share": np.zeros(tr.size, dtype=np.float64),  # these three filled below, with the
+            "ngram_repeat_share": np.zeros(tr.size, dtype=np.float64),  # these four filled below, with the
+            "loop_tokens": np.zeros(tr.size, dtype=np.int64),
             "supervised_hash": np.zeros(tr.size, dtype=np.uint64),  # samples' hashes and loops
             "prompt_hash": np.zeros(tr.size, dtype=np.uint64),
             "span_start": (rs - starts[t_row]).astype(np.int64),
@@ -659,18 +780,27 @@ def batch_metrics_and_turns(batch: TokenBatch, tables: KernelTables) -> tuple[di
         turns["supervised_hash"] = _range_hash(sums, t_lo, t_hi, tables)
         sup_before = _range_hash(sums, t_first, t_lo, tables)
     # anchor[t] is (mix[t] >> ANCHOR_SHIFT) == 0: one compare over the gathered hashes, no second gather
-    pos, h = _anchor_ngrams(sup_mix, np.flatnonzero(sup_mix < (np.uint64(1) << ANCHOR_SHIFT)))
+    anchors = np.flatnonzero(sup_mix < (np.uint64(1) << ANCHOR_SHIFT))
+    pos, h = _anchor_ngrams(sup_mix, anchors)
     del sup_ids
-    # A turn that holds all of its row's supervised tokens has the row's share; only the others
-    # (multi-turn rows, stray supervised tokens) are measured on their own span.
+    # A turn that holds all of its row's supervised tokens has the row's share and stretch; only the
+    # others (multi-turn rows, stray supervised tokens) are measured on their own span.
     own = np.flatnonzero((t_lo != t_first) | (t_hi != sup_bounds[t_row + 1]))
-    ngram_share, own_share = _row_and_turn_repeat_shares(sup_mix, pos, h, sup_bounds[:-1], sup_bounds[1:],
-                                                         t_lo[own], t_hi[own], t_row[own])
+    ngram_share, own_share, loop_tokens, own_loop = _row_and_turn_repeat_shares(
+        sup_mix, pos, h, sup_bounds[:-1], sup_bounds[1:], t_lo[own], t_hi[own], t_row[own])
+    # Loops whose few distinct tokens hold no anchor: the anchor-free stretches of 128+ tokens, measured exactly.
+    g_pos, g_h = _gap_ngrams(sup_mix, anchors, sup_bounds)
+    if g_pos.size:
+        loop_tokens = np.maximum(loop_tokens, _stretches(g_pos, g_h, sup_bounds[:-1], sup_bounds[1:]))
+        own_loop = np.maximum(own_loop, _stretches(g_pos, g_h, t_lo[own], t_hi[own]))
     if tr_n:
         turn_share = ngram_share[t_row]
         turn_share[own] = own_share
         turns["ngram_repeat_share"] = turn_share
-    del sup_mix, pos, h
+        turn_loop = loop_tokens[t_row]
+        turn_loop[own] = own_loop
+        turns["loop_tokens"] = turn_loop
+    del sup_mix, pos, h, anchors, g_pos, g_h
     uns_mix = lookup(tables.mix_table, ids[~mb])
     uns_bounds = offs - sup_bounds
     uns_lo = rs - t_lo  # each turn's start in the untrained sequence
@@ -697,6 +827,7 @@ def batch_metrics_and_turns(batch: TokenBatch, tables: KernelTables) -> tuple[di
         "last_supervised_eot": last_supervised_eot,
         "misaligned_tokens": misaligned.astype(np.int64, copy=False),
         "ngram_repeat_share": ngram_share,
+        "loop_tokens": loop_tokens,
         "supervised_hash": supervised_hash,
         "prompt_hash": prompt_hash,
         "assistant_turns": assistant_turns,

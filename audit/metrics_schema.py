@@ -61,6 +61,8 @@ SAMPLE_METRICS: tuple[Metric, ...] = (
     Metric("misaligned_tokens", I64, "supervised tokens outside assistant turns (assistant headers included unless most samples "
            "train their headers), plus labels that differ from the input id"),
     Metric("ngram_repeat_share", F64, "share of the supervised 8-grams that repeat an earlier one in the sample"),
+    Metric("loop_tokens", I64, "the longest repeated stretch of the supervised tokens: a run of consecutive sampled 8-grams "
+           "that each occur more than once in the sample, in tokens (0: none)"),
     Metric("supervised_hash", U64, "64-bit hash of the supervised token sequence (0 when nothing is supervised)"),
     Metric("prompt_hash", U64, "64-bit hash of the unsupervised tokens"),
     Metric("assistant_turns", I64, "assistant headers in the sample", "convention"),
@@ -96,6 +98,7 @@ TURN_METRICS: tuple[Metric, ...] = (
     Metric("keeps_reasoning", BOOL, "the template keeps this turn's think block (the final turn; every turn unless it drops history "
            "reasoning; then still the turns no real user message follows: tool-calling turns)"),
     Metric("ngram_repeat_share", F64, "share of the turn's supervised 8-grams that repeat an earlier one in the turn"),
+    Metric("loop_tokens", I64, "the longest repeated stretch of the turn's supervised tokens, in tokens (0: none)"),
     Metric("supervised_hash", U64, "64-bit hash of the turn's supervised tokens (the span hash)"),
     Metric("prompt_hash", U64, "64-bit hash of the conversation before the turn (its prompt: untrained and trained tokens)"),
     Metric("template_rows", I64, "trained turns in the set sharing this turn's supervised tokens", "set"),

@@ -45,6 +45,7 @@ def test_one_sort_equals_two_sorts(seed, n_rows, loops):
     one = _row_and_turn_repeat_shares(mix, pos, h, lo, hi, t_lo, t_hi, t_row)
     two = _row_and_turn_repeat_shares_by_two_sorts(mix, pos, h, lo, hi, t_lo, t_hi, t_row)
     assert np.allclose(one[0], two[0]) and np.allclose(one[1], two[1])
+    assert np.array_equal(one[2], two[2]) and np.array_equal(one[3], two[3])  # the longest repeated stretches
 
 
 def test_a_loop_inside_one_turn_is_that_turns_and_its_rows():
@@ -55,7 +56,9 @@ def test_a_loop_inside_one_turn_is_that_turns_and_its_rows():
     pos, h = every, kernels._hash_ngrams(mix, every)
     lo, hi = np.array([0]), np.array([tokens.size])
     t_lo, t_hi, t_row = np.array([0, 300, 500]), np.array([300, 500, 800]), np.array([0, 0, 0])
-    rows, turns = _row_and_turn_repeat_shares(mix, pos, h, lo, hi, t_lo, t_hi, t_row)
+    rows, turns, row_stretch, turn_stretch = _row_and_turn_repeat_shares(mix, pos, h, lo, hi, t_lo, t_hi, t_row)
     assert turns[0] == 0 and turns[2] == 0
     assert turns[1] == (200 - NGRAM + 1 - 20) / (200 - NGRAM + 1)  # all but the first period repeat
     assert rows[0] == (200 - NGRAM + 1 - 20) / (tokens.size - NGRAM + 1)
+    # the stretch is the whole loop, its first period included: 8-grams from its start to the last one inside it
+    assert turn_stretch.tolist() == [0, 200, 0] and row_stretch.tolist() == [200]

@@ -33,7 +33,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dqa.audit.chat_format import ChatFormat
-from dqa.audit.kernels import NGRAM, SAMPLE_RATE, EXACT_MIN_POSITIONS, TURN_COLUMNS, KernelTables, batch_metrics_and_turns
+from dqa.audit.kernels import (EXACT_MIN_POSITIONS, GAP_EXACT, NGRAM, SAMPLE_RATE, TURN_COLUMNS, KernelTables,
+                               batch_metrics_and_turns)
 from dqa.audit.readers import open_dataset
 from dqa.audit.template import qwen3_preset
 
@@ -155,6 +156,8 @@ def reference_row(t: list[int], sup: list[int], convention: str, spec: ChatForma
             turns.append(reference_turn(t, m, spec, k, len(headers), hp, a, b, closed=closed, user_after=user_after))
 
     seq = [t[i] for i in sup_pos]
+    for tr in turns:  # the turn's stretch: its span of the row's supervised sequence
+        tr["loop_tokens"] = reference_loop_tokens(seq, sum(m[:tr["span_start"]]), sum(m[:tr["span_end"]]))
     return {
         "n_tokens": L,
         "n_mask": n_mask,
@@ -170,6 +173,7 @@ def reference_row(t: list[int], sup: list[int], convention: str, spec: ChatForma
         "last_supervised_eot": last_eot,
         "misaligned_tokens": supervised - inside + mismatch,
         "ngram_repeat_share": reference_repeat_share(seq),
+        "loop_tokens": reference_loop_tokens(seq, 0, len(seq)),
         "assistant_turns": len(headers),
         "trained_turns": trained_turns,
         "post_eot_trained": post_eot_trained,
@@ -243,6 +247,40 @@ def reference_repeat_share(seq: list[int]) -> float:
     if not sampled:
         return 0.0
     return (len(sampled) - len(set(sampled))) / len(sampled)
+
+
+def reference_loop_tokens(seq: list[int], lo: int, hi: int) -> int:
+    """The documented longest repeated stretch of ``seq[lo:hi]`` (a row's supervised sequence, or a turn's
+    span of it), on token tuples instead of hashes (FORMATS.md, ``loop_tokens``).
+
+    Two sets of 8-grams of the span are measured apart: those starting at an anchor token, and every one
+    starting in a stretch of at least ``GAP_EXACT`` tokens of the row without an anchor token. In each set,
+    an 8-gram repeats when it occurs more than once in the set; a run is a maximal sequence of consecutive
+    members of the set (in position order) that all repeat, and it covers last start - first start + 8
+    tokens. The longest run of either set; 0 without one.
+    """
+    fits = [i for i in range(lo, hi - NGRAM + 1)]
+    anchored = [i for i in fits if TABLES.anchor[seq[i]]]
+    free, run = set(), []
+    for i in range(len(seq) + 1):  # anchor-free stretches of the whole row
+        if i < len(seq) and not TABLES.anchor[seq[i]]:
+            run.append(i)
+            continue
+        if len(run) >= GAP_EXACT:
+            free.update(run)
+        run = []
+    best = 0
+    for members in (anchored, [i for i in fits if i in free]):
+        grams = [tuple(seq[i:i + NGRAM]) for i in members]
+        repeats = [grams.count(g) > 1 for g in grams]
+        start = None
+        for k, rep in enumerate(repeats + [False]):
+            if rep and start is None:
+                start = k
+            if not rep and start is not None:
+                best = max(best, members[k - 1] - members[start] + NGRAM)
+                start = None
+    return best
 
 
 # ------------------------------------------------------------------------- random rows
@@ -383,6 +421,7 @@ def check_against_reference(case, got: dict[str, np.ndarray], spec: ChatFormat =
         bad = [i for i, (a, b) in enumerate(zip(want, have)) if a != b]
         assert not bad, f"{col}: row {bad[0]} kernel {have[bad[0]]} != reference {want[bad[0]]}; row {case['rows'][bad[0]]}"
     np.testing.assert_allclose(got["ngram_repeat_share"], [r["ngram_repeat_share"] for r in ref], rtol=0, atol=1e-12)
+    assert got["loop_tokens"].tolist() == [r["loop_tokens"] for r in ref], "loop_tokens"
     # Per trained turn, in row then turn order.
     ref_turns = [dict(tr, row=i) for i, r in enumerate(ref) for tr in r["_turns"]]
     for col in [c for c in TURN_COLUMNS if c not in ("supervised_hash", "prompt_hash")]:
@@ -485,7 +524,7 @@ def test_the_row_and_turn_repeat_shares_from_one_sort_equal_those_of_two(case):
         finally:
             kernels.KEY_INDEX_BITS = saved
     check_against_reference(case, two)
-    for col in ("ngram_repeat_share", "turn.ngram_repeat_share"):
+    for col in ("ngram_repeat_share", "turn.ngram_repeat_share", "loop_tokens", "turn.loop_tokens"):
         assert np.array_equal(one[col], two[col]), col
 
 
