@@ -106,7 +106,8 @@ class SamplingSpec:
 
 @dataclass(frozen=True)
 class Timeouts:
-    """Seconds: one reply (``request``), a connection (``connect``), between health checks
+    """Seconds: one attempt's whole reply, from its connection to the last byte (``request``),
+    getting a connection (``connect``, on its own clock before that), between health checks
     (``health_interval``) and for one (``health``), no healthy endpoint before the run stops
     (``down_deadline``), and connect tries at start-up before an endpoint counts as unreachable
     (``preflight_window``)."""
@@ -139,7 +140,9 @@ class DispatchSpec:
     """The servers (``endpoints`` or a ``fleet`` file, not both) and how they are driven:
     ``protocol`` (sglang | openai; default the fleet file's, else sglang), ``model``, the API key's
     environment variable, requests in flight per endpoint; ``gpus`` and ``gpu_hour_cost`` for the
-    cost figures (``gpus`` default: the fleet file's, else one per endpoint)."""
+    cost figures (``gpus`` default: the fleet file's, else one per endpoint); ``ca_bundle``: the
+    CA certificates that verify ``https://`` servers (None: ``$SSL_CERT_FILE``,
+    ``$REQUESTS_CA_BUNDLE``, else the system's; ``http_policy``)."""
 
     endpoints: tuple[str, ...] = ()
     fleet: str | None = None
@@ -149,6 +152,7 @@ class DispatchSpec:
     max_in_flight: int = 48
     gpus: int | None = None
     gpu_hour_cost: float = 0.0
+    ca_bundle: str | None = None
     timeouts: Timeouts = field(default_factory=Timeouts)
     retries: Retries = field(default_factory=Retries)
 
@@ -160,6 +164,16 @@ class DispatchSpec:
             raise UsageError(f"--protocol {self.protocol!r}: expected sglang or openai")
         if self.max_in_flight < 1:
             raise UsageError("--max-in-flight must be >= 1")
+        if self.ca_bundle is not None:
+            object.__setattr__(self, "ca_bundle", os.fspath(self.ca_bundle))
+            self.http_policy()  # UsageError for a bundle that is not a file, before anything is read
+
+    def http_policy(self):
+        """TLS trust and proxies of every request to the servers (``http_policy.HttpPolicy``).
+        Raises ``UsageError`` for a CA bundle that is not a file."""
+        from dqa.regen.http_policy import HttpPolicy
+
+        return HttpPolicy(self.ca_bundle)
 
 
 @dataclass(frozen=True)
@@ -214,6 +228,7 @@ _FLAT: dict[str, tuple[str, ...]] = {
     "max_in_flight": ("dispatch", "max_in_flight"),
     "gpus": ("dispatch", "gpus"),
     "gpu_hour_cost": ("dispatch", "gpu_hour_cost"),
+    "ca_bundle": ("dispatch", "ca_bundle"),
     "request_timeout": ("dispatch", "timeouts", "request"),
     "connect_timeout": ("dispatch", "timeouts", "connect"),
     "health_interval": ("dispatch", "timeouts", "health_interval"),

@@ -37,7 +37,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from dqa.regen.client import FAIL, FATAL, LENGTH, OK, RETRY, Job, Outcome, call
-from dqa.regen.transport import Http11Transport, TransportError
+from dqa.regen.transport import AiohttpTransport, Transport, TransportError
 from dqa.regen.journal import Result, encode
 from dqa.regen.progress import EndpointCounts, Progress
 from dqa.regen.server_probe import SeedNotice, ServerFacts, describe, discover
@@ -69,6 +69,14 @@ class DispatchSettings:
     down_deadline: float = 600.0
     request_timeout: float = 3600.0
     connect_timeout: float = 10.0
+
+
+def open_transport(settings: DispatchSettings, headers: dict[str, str] | None = None, policy=None) -> AiohttpTransport:
+    """The transport of a run driven by ``settings``: its timeouts, ``max_in_flight`` connections
+    per endpoint plus a few for health checks and discovery, TLS and proxies from ``policy``
+    (an ``http_policy.HttpPolicy``; default: the environment's)."""
+    return AiohttpTransport(headers, connect_timeout=settings.connect_timeout, request_timeout=settings.request_timeout,
+                            per_host=settings.max_in_flight + 8, policy=policy)
 
 
 class Endpoint:
@@ -115,13 +123,17 @@ class Dispatcher:
         log: Callable[[str], None] = lambda m: None,
         check: Callable[[], str | None] = lambda: None,
         facts: dict[str, ServerFacts | None] | None = None,
+        transport: Transport | None = None,
     ):
         self.protocol = protocol
         self.source = source
         self.sink = sink
         self.progress = progress
         self.s = settings
-        self.headers = {"Content-Type": "application/json", **(headers or {})}
+        self.headers = dict(headers or {})
+        # The run's one transport (run.py opens it for the preflight too); else one of its own.
+        self.transport: Transport | None = transport
+        self._own_transport = transport is None
         self.model = model
         self.log = lambda msg: log(strip_userinfo(msg))  # error texts may quote an endpoint URL
         self.check = check
@@ -180,9 +192,8 @@ class Dispatcher:
         """Dispatch until done, stopped or failed. Returns ``finished``, ``interrupted`` or ``failed`` (see ``fatal``)."""
         self.loop = asyncio.get_running_loop()
         self.wake = asyncio.Event()
-        # Generation requests, health checks and discovery all go through dqa's own HTTP/1.1
-        # transport (a third of aiohttp's CPU per request); its headers carry the bearer token.
-        self.transport = Http11Transport(self.headers, connect_timeout=self.s.connect_timeout, read_timeout=self.s.request_timeout)
+        if self.transport is None:  # generation, health checks and discovery: one session
+            self.transport = open_transport(self.s, self.headers)
         ticker = self.loop.create_task(self._ticker())
         try:
             await self._dispatch_loop()
@@ -192,7 +203,8 @@ class Dispatcher:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(ticker, *tasks, return_exceptions=True)
-            await self.transport.close()
+            if self._own_transport:
+                await self.transport.close()
         if self.fatal:
             return "failed"
         return "interrupted" if self.stopping else "finished"
@@ -522,7 +534,7 @@ class Dispatcher:
             except TransportError as exc:
                 if exc.kind == "timeout":
                     return False, f"{ep.health_path} timed out"
-                return False, f"{ep.health_path}: {' '.join(str(exc).split())[:120]}"
+                return False, f"{ep.health_path}: {' '.join(str(exc).split())[:120 if exc.kind != 'tls' else 400]}"
             later = paths[paths.index(ep.health_path) + 1:] if ep.health_path in paths else ()
             if status == 404 and later:
                 ep.health_path = later[0]  # servers without it (transformers serve has no /health_generate)

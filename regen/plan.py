@@ -539,6 +539,7 @@ def calibrate(
     max_in_flight: int = 48,
     tokenizer: str = "qwen3",
     down_deadline: float = 120.0,
+    ca_bundle: str | None = None,
 ) -> Calibration:
     """Regenerate the first ``sample`` failing prompts of ``dataset`` on the fleet (a real,
     in-process ``dqa regen`` run: ``dqa.regen.run.regenerate``) and return what it measured.
@@ -558,7 +559,10 @@ def calibrate(
         from .fleet_file import read_fleet
 
         urls = read_fleet(fleet).urls
-    if not any(answers_ok(u.rstrip("/") + "/health", 5.0) for u in urls):
+    from .http_policy import HttpPolicy
+
+    policy = HttpPolicy(ca_bundle)  # the same TLS trust and proxies as the regen run below
+    if not any(answers_ok(u.rstrip("/") + "/health", 5.0, policy) for u in urls):
         raise RuntimeFailure(f"calibration: no endpoint answers /health ({', '.join(urls)}); is the fleet up? (`dqa fleet status`)")
     tmp = None
     if out is None:
@@ -573,7 +577,7 @@ def calibrate(
                 selection=Selection(findings=None if findings is None else str(findings), limit=sample),
                 sampling=SamplingSpec(max_new_tokens=max_new_tokens),
                 dispatch=DispatchSpec(endpoints=tuple(endpoints), fleet=None if fleet is None else str(fleet), protocol=protocol,
-                                      max_in_flight=max_in_flight, timeouts=Timeouts(down_deadline=down_deadline)),
+                                      max_in_flight=max_in_flight, ca_bundle=ca_bundle, timeouts=Timeouts(down_deadline=down_deadline)),
                 output=OutputSpec(str(run_dir)),
                 live=False,
                 log=lambda msg: None,
@@ -622,6 +626,7 @@ class PlanInputs:
     model: str | Path | None = None
     aux_layers: int = DEFAULT_AUX_LAYERS
     storage_tokens: float | None = None
+    ca_bundle: str | None = None
 
 
 @dataclass(frozen=True)
@@ -722,6 +727,7 @@ def make_plan(
                 out=i.calibrate_out,
                 protocol=i.protocol,
                 max_new_tokens=i.max_new_tokens,
+                ca_bundle=i.ca_bundle,
             )
         req_per_s = calibration.req_per_s
         if avg_output_tokens is None:

@@ -37,7 +37,7 @@ from dqa.errors import EXIT_OK, EXIT_RUNTIME, InputError, UsageError
 from dqa.regen.client import OpenAIProtocol, Sampling, SglangProtocol
 from dqa.regen.config import (DatasetSpec, DispatchSpec, OutputSpec, RegenConfig, Retries, SamplingSpec, Selection,  # noqa: F401 - re-exported
                               Timeouts)
-from dqa.regen.dispatch import DispatchSettings, Dispatcher
+from dqa.regen.dispatch import DispatchSettings, Dispatcher, open_transport
 from dqa.regen.journal import Journal, Recovery, partial_outputs, recover
 from dqa.regen.progress import Progress, render
 from dqa.regen.run_folder import OWN_NAMES, RUN_JSON, RUN_VERSION, RunFolder, RunManifest, list_shards  # noqa: F401 - re-exported
@@ -441,15 +441,42 @@ def _recover(c: RegenConfig, out: Path, rows: np.ndarray, log: Callable[[str], N
     return _Resume(rec, todo, partial)
 
 
-def _probe_servers(c: RegenConfig, servers: _Servers, protocol: Any, log: Callable[[str], None]) -> dict[str, Any]:
+class _Wire:
+    """The run's one event loop and one transport (one aiohttp session): the preflight and the
+    dispatch share its connections. ``run(coro)`` runs a step in that loop."""
+
+    def __init__(self, c: RegenConfig, servers: _Servers):
+        self.transport = open_transport(_dispatch_settings(c), servers.headers, c.dispatch.http_policy())
+        self._runner = asyncio.Runner() if hasattr(asyncio, "Runner") else None  # Python 3.10: a plain loop
+        self._loop = asyncio.new_event_loop() if self._runner is None else None
+
+    def run(self, coro):
+        """The result of ``coro``, run to the end in the run's loop."""
+        if self._runner is not None:
+            return self._runner.run(coro)
+        return self._loop.run_until_complete(coro)
+
+    def close(self) -> None:
+        """Close the transport's connections, then the loop."""
+        try:
+            self.run(self.transport.close())
+        finally:
+            if self._runner is not None:
+                self._runner.close()
+            else:
+                self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+                self._loop.close()
+
+
+def _probe_servers(c: RegenConfig, servers: _Servers, protocol: Any, wire: _Wire, log: Callable[[str], None]) -> dict[str, Any]:
     """Before the first request: which endpoints answer and what they are. Returns the facts per URL
-    (None: not reachable yet); raises ``InputError`` (exit 2) for an endpoint of the wrong protocol
-    and ``RuntimeFailure`` (exit 3) when none answers at all."""
-    from dqa.regen.server_probe import describe, preflight
+    (None: not reachable yet); raises ``UsageError`` (exit 2) for an endpoint of the wrong protocol
+    or with a TLS certificate it cannot verify, and ``RuntimeFailure`` (exit 3) when none answers at all."""
+    from dqa.regen.server_probe import describe, preflight_async
 
     t = c.dispatch.timeouts
-    facts = preflight(servers.urls, servers.protocol, servers.headers, connect_timeout=t.connect,
-                      info_timeout=min(t.health, 10.0), window=t.preflight_window)
+    facts = wire.run(preflight_async(servers.urls, servers.protocol, servers.headers, connect_timeout=t.connect,
+                                     info_timeout=min(t.health, 10.0), window=t.preflight_window, transport=wire.transport))
     if isinstance(protocol, OpenAIProtocol):
         protocol.use_facts(facts)  # token-exact chat route where the probe found it (issue 11, item 2)
     for u, f in facts.items():
@@ -504,7 +531,8 @@ def _dispatch_settings(c: RegenConfig) -> DispatchSettings:
 
 
 def _dispatch(c: RegenConfig, out: Path, shard_tag: str, servers: _Servers, inputs: _Inputs, resume: _Resume, protocol: Any,
-              facts: dict[str, Any], progress: Progress, uploader: Uploader, log: Callable[[str], None]) -> tuple[str, Dispatcher]:
+              facts: dict[str, Any], progress: Progress, uploader: Uploader, wire: _Wire,
+              log: Callable[[str], None]) -> tuple[str, Dispatcher]:
     """Send the rows not yet recorded, journaling each finished turn, until done, interrupted or the
     fleet is down; the journal is compacted into shards on return. Returns ``(state, dispatcher)``
     (state: finished, interrupted or failed); raises ``RuntimeFailure`` when the journal cannot be
@@ -527,11 +555,11 @@ def _dispatch(c: RegenConfig, out: Path, shard_tag: str, servers: _Servers, inpu
 
     dispatcher = Dispatcher(
         servers.urls, protocol, source, journal.append, progress, _dispatch_settings(c),
-        headers=servers.headers, model=servers.model, log=log, check=journal_error, facts=facts,
+        headers=servers.headers, model=servers.model, log=log, check=journal_error, facts=facts, transport=wire.transport,
     )
     live = c.live if c.live is not None else (sys.stderr.isatty() and os.environ.get("TERM") != "dumb")
     try:
-        state = asyncio.run(_drive(dispatcher, progress, out, c, live))
+        state = wire.run(_drive(dispatcher, progress, out, c, live))
     finally:
         journal_exc = None
         try:
@@ -620,27 +648,29 @@ def _regenerate(config: RegenConfig) -> RunResult:
         resume = _recover(c, out, inputs.rows, log)
         facts: dict[str, Any] = {}
         servers_info = _prior_servers_info(RunFolder(out).run_json, servers.urls)  # a rerun with nothing to do keeps them
-        if resume.todo.size:
-            facts = _probe_servers(c, servers, protocol, log)
-            servers_info = _servers_info(servers.urls, facts)
-        uploader = Uploader(targets)
-        for p in resume.rec.rewritten:
-            uploader.submit(p)
-        manifest = _manifest(c, servers, inputs, servers_info)
-        manifest.write(RunFolder(out).run_json)
-        uploader.put_now(RunFolder(out).run_json, RUN_JSON)
+        wire = _Wire(c, servers)  # from here on, every request goes over one session
+        with contextlib.closing(wire):
+            if resume.todo.size:
+                facts = _probe_servers(c, servers, protocol, wire, log)
+                servers_info = _servers_info(servers.urls, facts)
+            uploader = Uploader(targets)
+            for p in resume.rec.rewritten:
+                uploader.submit(p)
+            manifest = _manifest(c, servers, inputs, servers_info)
+            manifest.write(RunFolder(out).run_json)
+            uploader.put_now(RunFolder(out).run_json, RUN_JSON)
 
-        rows, todo, rec = inputs.rows, resume.todo, resume.rec
-        progress = Progress(total=int(rows.size), gpus=servers.gpus, gpu_hour_cost=c.dispatch.gpu_hour_cost)
-        progress.counting = bool(todo.size)  # a rerun with nothing left to do adds no working time
-        if rec.rows.size:
-            progress.add_prior(*rec.tally(rows))  # this selection's rows only (a smaller --limit than before)
-            prior = _read_prior(RunFolder(out).progress_json)
-            progress.prior_elapsed_s = _prior_working_time(prior, out)
-            if not todo.size:
-                _keep_endpoint_counts(progress, prior)
+            rows, todo, rec = inputs.rows, resume.todo, resume.rec
+            progress = Progress(total=int(rows.size), gpus=servers.gpus, gpu_hour_cost=c.dispatch.gpu_hour_cost)
+            progress.counting = bool(todo.size)  # a rerun with nothing left to do adds no working time
+            if rec.rows.size:
+                progress.add_prior(*rec.tally(rows))  # this selection's rows only (a smaller --limit than before)
+                prior = _read_prior(RunFolder(out).progress_json)
+                progress.prior_elapsed_s = _prior_working_time(prior, out)
+                if not todo.size:
+                    _keep_endpoint_counts(progress, prior)
 
-        state, dispatcher = _dispatch(c, out, shard_tag, servers, inputs, resume, protocol, facts, progress, uploader, log)
+            state, dispatcher = _dispatch(c, out, shard_tag, servers, inputs, resume, protocol, facts, progress, uploader, wire, log)
         snap, shards = _finish(out, state, progress, manifest, servers, dispatcher, bool(todo.size), uploader, log)
     return _result(c, state, progress, snap, dispatcher, shards)
 

@@ -41,7 +41,7 @@ from dqa.errors import RuntimeFailure, UsageError
 
 from . import server_sglang as sg
 from .servers import KINDS
-from .transport import Http11Transport, Transport, TransportError
+from .transport import AiohttpTransport, Transport, TransportError
 from .servers.openai import PROBE_IDS, probe_token_ids, token_ids_answer  # noqa: F401  (the token-exact probe)
 from .urls import strip_userinfo
 
@@ -187,22 +187,25 @@ def redirected(name: str, path: str, status: int | None) -> str | None:
             f"pass -e the base URL it redirects to, without {path} (behind a proxy often https://)")
 
 
-async def _reachable(transport: Transport, url: str, window: float, try_timeout: float, read_timeout: float) -> tuple[bool, str]:
+async def _reachable(transport: Transport, url: str, window: float, try_timeout: float, read_timeout: float) -> tuple[bool, str, str | None]:
     """Whether ``url`` answers HTTP at all (any status; a connection that is accepted but slow to
-    answer counts too) within ``window`` seconds; the last connect error when it does not."""
+    answer counts too) within ``window`` seconds: ``(answers, the last connect error when it does
+    not, the usage error of a TLS failure)``."""
     deadline = time.monotonic() + window
     delay = 0.25
     err = ""
     while True:
         try:
             await transport.request("GET", url + "/health", timeout=read_timeout, connect_timeout=try_timeout)
-            return True, ""
+            return True, "", None
         except TransportError as exc:
+            if exc.kind == "tls":  # a wrong setup, not a server still starting: say the fix now
+                return False, str(exc), str(exc)
             if exc.connected:
-                return True, ""  # connected, then slow or misbehaving: it is there
+                return True, "", None  # connected, then slow or misbehaving: it is there
             err = " ".join(str(exc).split())[:160] or exc.kind
         if time.monotonic() + delay > deadline:
-            return False, err
+            return False, err, None
         await asyncio.sleep(delay)
         delay = min(delay * 2, 1.0)
 
@@ -210,9 +213,9 @@ async def _reachable(transport: Transport, url: str, window: float, try_timeout:
 async def _one(transport: Transport, url: str, protocol: str, window: float, try_timeout: float,
                info_timeout: float) -> tuple[bool, str, ServerFacts, str | None]:
     name = strip_userinfo(url)
-    ok, err = await _reachable(transport, url, window, try_timeout, info_timeout or 10.0)
+    ok, err, wrong = await _reachable(transport, url, window, try_timeout, info_timeout or 10.0)
     if not ok:
-        return False, err, ServerFacts(), None
+        return False, err, ServerFacts(), wrong
     facts = await discover(transport, url, info_timeout)
     kind = KINDS.get(protocol)
     # The protocol's own checks: its route exists (else the usage error), what route it takes.
@@ -222,19 +225,23 @@ async def _one(transport: Transport, url: str, protocol: str, window: float, try
 
 async def preflight_async(
     urls: list[str], protocol: str, headers: dict[str, str] | None = None, connect_timeout: float = 10.0,
-    info_timeout: float = 10.0, window: float = PREFLIGHT_WINDOW_S,
+    info_timeout: float = 10.0, window: float = PREFLIGHT_WINDOW_S, transport: Transport | None = None,
 ) -> dict[str, ServerFacts | None]:
-    """Probe every endpoint at once; ``{url: facts}`` (None: not reachable during ``window``).
+    """Probe every endpoint at once, over ``transport`` (the run's; None: one of its own, closed
+    after); ``{url: facts}`` (None: not reachable during ``window``).
 
-    Raises ``UsageError`` (exit 2) for an endpoint that does not speak ``protocol`` and
-    ``RuntimeFailure`` (exit 3) when no endpoint answers at all.
+    Raises ``UsageError`` (exit 2) for an endpoint that does not speak ``protocol`` or whose TLS
+    cannot be verified, and ``RuntimeFailure`` (exit 3) when no endpoint answers at all.
     """
     try_timeout = max(1.0, min(connect_timeout, 3.0))
-    transport = Http11Transport(headers, connect_timeout=try_timeout, read_timeout=info_timeout)
+    own = transport is None
+    if own:
+        transport = AiohttpTransport(headers, connect_timeout=try_timeout, request_timeout=info_timeout)
     try:
         results = await asyncio.gather(*[_one(transport, u, protocol, window, try_timeout, info_timeout) for u in urls])
     finally:
-        await transport.close()
+        if own:
+            await transport.close()
     for _, _, _, wrong in results:
         if wrong:
             raise UsageError(strip_userinfo(wrong))
@@ -249,7 +256,7 @@ async def preflight_async(
 
 def preflight(urls: list[str], protocol: str, headers: dict[str, str] | None = None, connect_timeout: float = 10.0,
               info_timeout: float = 10.0, window: float = PREFLIGHT_WINDOW_S) -> dict[str, ServerFacts | None]:
-    """``preflight_async`` in its own event loop (see there)."""
+    """``preflight_async`` in its own event loop, over a transport of its own (see there)."""
     return asyncio.run(preflight_async(urls, protocol, headers, connect_timeout, info_timeout, window))
 
 

@@ -27,6 +27,7 @@ import pytest
 from dqa.regen.client import TEXT, TOKEN_EXACT, Job, OpenAIProtocol, Sampling, call
 from dqa.regen.run import RegenConfig, regenerate
 from dqa.regen.server_probe import PROBE_IDS, ServerFacts, token_ids_answer
+from dqa.regen.transport import Transport
 from regen_helpers import degenerate_dataset, read_shards, write_findings
 from servers.sglang_contract import StubServer
 
@@ -150,27 +151,16 @@ def test_a_reply_for_another_prompt_or_without_ids_falls_back_to_the_text_round_
         assert out.output_ids.tolist() == [9, 9] and out.route == TEXT
 
 
-class _Resp:
-    def __init__(self, status, body):
-        self.status, self._body = status, json.dumps(body).encode()
+class _Scripted(Transport):
+    """A transport (the seam ``call`` takes) answering each POST with the next ``(status, JSON)``."""
 
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *a):
-        return False
-
-    async def read(self):
-        return self._body
-
-
-class _Session:
     def __init__(self, *replies):
         self.replies, self.bodies = list(replies), []
 
-    def post(self, url, data=None, headers=None, timeout=None):
-        self.bodies.append(json.loads(data))
-        return _Resp(*self.replies.pop(0))
+    async def post(self, url, body, limit=None):
+        self.bodies.append(json.loads(body))
+        status, obj = self.replies.pop(0)
+        return status, json.dumps(obj).encode()
 
 
 def test_an_endpoint_not_known_at_start_up_is_asked_token_exact_and_learns_from_its_reply(monkeypatch):
@@ -178,7 +168,7 @@ def test_an_endpoint_not_known_at_start_up_is_asked_token_exact_and_learns_from_
     url = "http://late/v1/chat/completions"
     proto = _proto()
     plain = (200, {"choices": [{"message": {"content": "x"}, "finish_reason": "stop"}]})
-    session = _Session(plain, plain)
+    session = _Scripted(plain, plain)
     out, rejected = asyncio.run(call(session, url, proto, _job(), 1, None, frozenset(), 16))
     assert out.kind == "ok" and not rejected and "input_ids" in session.bodies[0]
     assert proto.routes[url] == TEXT  # the server ignored the fields: text from now on
@@ -186,7 +176,7 @@ def test_an_endpoint_not_known_at_start_up_is_asked_token_exact_and_learns_from_
     assert "input_ids" not in session.bodies[1] and "return_token_ids" not in session.bodies[1]
     # A server that refuses the fields by name (transformers serve: 422 "Unexpected fields"): dropped.
     proto = _proto()
-    session = _Session((422, {"detail": "Unexpected fields in the request: {'input_ids', 'return_token_ids'}"}))
+    session = _Scripted((422, {"detail": "Unexpected fields in the request: {'input_ids', 'return_token_ids'}"}))
     out, rejected = asyncio.run(call(session, url, proto, _job(), 1, None, frozenset(), 16))
     assert out.kind == "retry" and rejected == {"input_ids", "return_token_ids"} and proto.routes[url] == TEXT
 

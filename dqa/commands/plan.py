@@ -43,6 +43,7 @@ def plan(
         None, "--protocol", help="With --calibrate and --endpoint: sglang (default) or openai (e.g. transformers serve)."
     ),
     max_new_tokens: int = typer.Option(8192, "--max-new-tokens", help="With --calibrate: output limit per prompt (as in the real run)."),
+    ca_bundle: Optional[str] = typer.Option(None, "--ca-bundle", help="With --calibrate: CA certificates (PEM) that verify https:// servers (default: $SSL_CERT_FILE, $REQUESTS_CA_BUNDLE, else the system's)."),
     turns: str = typer.Option(
         "flagged", "--turns",
         help="With --findings of a multi-turn set: the turns regen sends, as `dqa regen --turns`: flagged (from the first flagged turn on), all or last. Every mode's count is shown.",
@@ -107,6 +108,7 @@ def plan(
         calibrate_out=calibrate_out,
         protocol=protocol,
         max_new_tokens=max_new_tokens,
+        ca_bundle=ca_bundle,
         turns=turns,
         model=model,
         aux_layers=aux_layers,

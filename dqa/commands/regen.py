@@ -16,7 +16,9 @@ Resumable: rerun the same command after a crash, kill -9 or Ctrl-C; finished row
 
 Example:  dqa regen data/train.parquet --fleet fleet.json --out regen/ --gpu-hour-cost 6.5
 
-Exit codes: 0 every selected row recorded (ok, length or failed), 2 bad input, an --out made for another run, or an endpoint that does not speak --protocol or whose generation route redirects, 3 interrupted, no endpoint answering at start-up, all endpoints down past --down-deadline, a request every server rejects (a dqa bug), or every request of the run failed.
+Every request goes over aiohttp: --request-timeout bounds each attempt's whole reply, a reply bigger than its request can honestly produce fails (its size is bounded by --max-new-tokens), and replies that break HTTP's framing rules are refused; each such attempt is retried, never recorded ok.
+
+Exit codes: 0 every selected row recorded (ok, length or failed), 2 bad input, an --out made for another run, an endpoint that does not speak --protocol or whose generation route redirects, or an https:// endpoint whose certificate cannot be verified (pass --ca-bundle), 3 interrupted, no endpoint answering at start-up, all endpoints down past --down-deadline, a request every server rejects (a dqa bug), or every request of the run failed.
 """
 
 
@@ -54,7 +56,8 @@ def regen(
     tokenizer: str = typer.Option("qwen3", "--tokenizer", "-t", help="Tokenizer folder (tokenizer.json + chat template) or the preset qwen3: gives the assistant header ids; openai also renders replies with it."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="On resume, send the rows recorded as failed again (their old records are replaced)."),
     max_attempts: int = typer.Option(6, "--max-attempts", help="Attempts per row before it is recorded as failed."),
-    request_timeout: float = typer.Option(3600.0, "--request-timeout", help="Seconds to wait for one reply (long: a disconnect aborts the request on the server)."),
+    request_timeout: float = typer.Option(3600.0, "--request-timeout", help="Seconds one attempt may take from its connection to the reply's last byte, however the server paces it; then it is retried (long: a disconnect aborts the request on the server). Connecting has its own 10 s."),
+    ca_bundle: Optional[str] = typer.Option(None, "--ca-bundle", help="CA certificates (PEM) that verify https:// servers (default: $SSL_CERT_FILE, $REQUESTS_CA_BUNDLE, else the system's). Proxies: HTTP_PROXY / HTTPS_PROXY, and NO_PROXY for hosts to reach directly."),
     down_deadline: float = typer.Option(600.0, "--down-deadline", help="Stop (exit 3, resumable) when no endpoint has been healthy for this many seconds (endpoints that never answer at all stop the run at start-up, within seconds)."),
     shard_rows: int = typer.Option(20000, "--shard-rows", help="Rows per output shard (a shard also closes every 5 minutes)."),
     json_out: bool = typer.Option(False, "--json", help="Print the final progress object as JSON on stdout."),
@@ -71,7 +74,7 @@ def regen(
     output = OutputSpec(out, mirror=tuple(mirror), shard_rows=shard_rows)
     dispatch = DispatchSpec(
         endpoints=tuple(endpoint), fleet=fleet, protocol=protocol, model=model, api_key_env=api_key_env,
-        max_in_flight=max_in_flight, gpus=gpus, gpu_hour_cost=gpu_hour_cost,
+        max_in_flight=max_in_flight, gpus=gpus, gpu_hour_cost=gpu_hour_cost, ca_bundle=ca_bundle,
         timeouts=Timeouts(request=request_timeout, down_deadline=down_deadline), retries=Retries(max_attempts=max_attempts),
     )
     cfg = RegenConfig(

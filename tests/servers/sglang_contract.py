@@ -1076,12 +1076,19 @@ async def _serve(args: argparse.Namespace) -> None:
     st: State = app["state"]
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port, reuse_address=True, backlog=4096)
+    ssl_context = None
+    if args.ssl_certfile:  # SGLang's own flags: uvicorn serves https with them
+        import ssl
+
+        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ssl_context.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+    site = web.TCPSite(runner, args.host, args.port, reuse_address=True, backlog=4096, ssl_context=ssl_context)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # the real port when --port 0
     args.port = port
-    st.log(f"sglang-contract stub {args.sglang_version} serving {args.served_model_name} on http://{args.host}:{port}")
-    print(f"{READY_PREFIX}http://{args.host}:{port}", flush=True)
+    scheme = "https" if ssl_context else "http"
+    st.log(f"sglang-contract stub {args.sglang_version} serving {args.served_model_name} on {scheme}://{args.host}:{port}")
+    print(f"{READY_PREFIX}{scheme}://{args.host}:{port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -1116,6 +1123,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--reasoning-parser", default=None, choices=[None, "qwen3"])
     p.add_argument("--api-key", default=None)
+    p.add_argument("--ssl-certfile", default=None, help="serve https with this certificate (PEM; SGLang's flag)")
+    p.add_argument("--ssl-keyfile", default=None, help="the certificate's private key (PEM)")
     p.add_argument("--speculative-algorithm", default=None, help="EAGLE, EAGLE3, NEXTN (rewritten to EAGLE), ...")
     p.add_argument("--speculative-num-steps", type=int, default=None)
     p.add_argument("--speculative-eagle-topk", type=int, default=None)
@@ -1203,7 +1212,8 @@ class StubServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if "--ssl-certfile" in self.args else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def start(self, *extra: str, timeout: float = 20.0) -> "StubServer":
         self.log_dir.mkdir(parents=True, exist_ok=True)
