@@ -239,6 +239,9 @@ CHECKS: tuple[Check, ...] = (
         turn_needs=("supervised_tokens", "last_supervised_eot", "turn_closed", "think_present", "think_closed"),
         turn_rule=lambda ctx: SUP
         & (~pl.col("last_supervised_eot") | ~pl.col("turn_closed") | (pl.col("think_present") & ~pl.col("think_closed"))),
+        # Not thresholds of the rule: when this many truncated rows (turns), and this share of them, end at one
+        # length, the scan names the cut (dqa.audit.cuts: a max_length cut at tokenization, max_new_tokens at generation).
+        defaults={"cut_min_rows": 5, "cut_min_share": 0.25},
     ),
     Check(
         name="repetition_loop",

@@ -27,6 +27,7 @@ from dqa import atomic
 from dqa.memory import reuse_freed_memory
 from dqa.audit import checks as checks_mod
 from dqa.audit import identity, metrics_schema
+from dqa.audit.cuts import truncation_cuts
 from dqa.audit.chat_format import WRONG_TOKENIZER_MIN_ROWS, check_format_fits, detect_conventions
 from dqa.audit.kernels import TURN_COLUMNS, TURN_DTYPES, KernelTables, batch_metrics_and_turns
 from dqa.audit.readers import Dataset, TokenBatch, open_dataset
@@ -411,6 +412,7 @@ def run_scan(
         summary = _summary(ds, metrics, findings, spec, ctx, share, options, selected, tokens, time.perf_counter() - t0, turns,
                            conventions)
         summary["fingerprint"] = fingerprint
+        summary["truncation_cuts"] = truncation_cuts(metrics, turns, ctx.params) if "truncated" in selected else []
         summary["degenerate_templates"] = _templates(metrics, turns, ds, spec, options.batch_rows, rows)
         metrics.write_parquet(work / "metrics.parquet", compression="zstd")
         write_turns(turns, metrics["id"] if id_cols else None, work / "turns.parquet")

@@ -343,7 +343,10 @@ def _section_findings(inp: ReportInputs) -> str:
         )
     head = "<tr><th>check</th><th>flags</th><th>rows</th><th>share</th><th>first samples</th></tr>"
     legend = f'<p class="note">◀ {esc(root_cause_legend(*cause))}.</p>' if cause else ""
-    return f"<section><h2>Findings</h2><table>{head}{''.join(rows)}</table>{legend}</section>"
+    # The truncated rows pile up on one length: the limit that cut them (dqa.audit.cuts).
+    cuts = "".join(f'<p class="note"><strong>cut:</strong> {esc(str(c.get("text", "")))}.</p>'
+                   for c in inp.summary.get("truncation_cuts") or [])
+    return f"<section><h2>Findings</h2><table>{head}{''.join(rows)}</table>{legend}{cuts}</section>"
 
 
 def _section_templates(inp: ReportInputs) -> str:

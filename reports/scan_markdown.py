@@ -47,6 +47,9 @@ def render_scan_markdown(summary: dict[str, Any]) -> str:
         lines.append("| (none) | 0 |" + (" 0 |" if multi else "") + " 0.0% | every check passed |")
     if cause:
         lines += ["", f"◀ {root_cause_legend(*cause)}."]
+    cuts = summary.get("truncation_cuts") or []
+    if cuts:  # the truncated rows pile up on one length: the limit that cut them
+        lines += ["", "## Cuts", ""] + [f"- {c['text']}." for c in cuts]  # dqa's own words and numbers, no data
     conv = summary.get("conventions") or {}
     if conv.get("eot_trained") is False:  # a set-level convention, not a per-row finding (axolotl's train_on_eos: none)
         eot = md_code((conv.get("format") or {}).get("end_of_turn") or "end of turn", None)

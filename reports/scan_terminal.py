@@ -52,6 +52,8 @@ def print_scan_table(summary: dict[str, Any], out_dir: str, console: Console) ->
     console.print(table)
     if root is not None:
         console.print(f"{ROOT_MARK} {root_cause_legend(*root)}", markup=False, highlight=False)
+    for cut in summary.get("truncation_cuts") or []:  # the truncated rows pile up on one length: name the limit
+        console.print(f"cut: {cut['text']}", markup=False, highlight=False, style="bold yellow")
     cut = templates and len(f"{template_repr(templates[0]['text'])} ({templates[0]['tokens']} tokens)") > detail_width
     if len(templates) > 1 or cut or (multi and templates):
         # The text is what is trained: a turn's supervised tokens (the whole sample's where it has no assistant turn).
