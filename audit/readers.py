@@ -104,6 +104,18 @@ class TokenBatch:
         return np.diff(self.offsets)
 
 
+@dataclass(frozen=True)
+class WorkUnit:
+    """A piece of a dataset that one process can scan on its own (``Dataset.work_units``): rows
+    ``[start_row, start_row + rows)`` of dataset order, all in ``Dataset.files[file]``; parquet row
+    groups ``row_groups`` of that file, or the whole file (None)."""
+
+    file: int
+    start_row: int
+    rows: int
+    row_groups: tuple[int, ...] | None = None
+
+
 class Dataset:
     """A tokenized dataset on disk: its format, files, columns and row count.
 
@@ -182,10 +194,12 @@ class Dataset:
         values, masks outside {0, 1}, labels that are neither -100 nor ids, or a
         nested token list that is not of shape ``[1, L]``.
         """
-        start = 0
-        cols = self._needed()
+        yield from self._token_batches(self.record_batches(batch_rows, self._needed()), 0, max_tokens)
+
+    def _token_batches(self, records: Iterator[tuple[Path, pa.RecordBatch]], start: int, max_tokens: int) -> Iterator[TokenBatch]:
+        """Flatten and check ``records`` (in dataset order, the first at dataset row ``start``) into ``TokenBatch``es."""
         tokens = [self.columns.ids, self.columns.supervision]
-        for f, rb in self.record_batches(batch_rows, cols):
+        for f, rb in records:
             if rb.num_rows == 0:
                 continue
             rb, _ = flatten_token_lists(rb, tokens, f, start)
@@ -193,6 +207,55 @@ class Dataset:
             for piece in _token_slices(rb, self.columns.ids, max_tokens):
                 yield _to_token_batch(piece, self.columns, f, start)
                 start += piece.num_rows
+
+    def work_units(self, min_rows: int) -> list[WorkUnit] | None:
+        """The dataset cut into pieces that separate processes can scan (``unit_batches``), in dataset order:
+        parquet files by runs of whole row groups of at least ``min_rows`` rows (a file's last run may be
+        shorter), other files whose row count the format records (Arrow files) one unit each. None when a
+        file's row count is not known without reading it all (Arrow streams, JSONL, conversations): then the
+        dataset is read as one stream. Reads file footers only."""
+        fmt = formats.get(self.format)
+        if self.format == "conversations":
+            return None
+        units: list[WorkUnit] = []
+        start = 0
+        for k, f in enumerate(self.files):
+            if fmt.row_groups:
+                import pyarrow.parquet as pq
+
+                try:
+                    meta = pq.ParquetFile(f).metadata
+                except (pa.ArrowException, OSError) as exc:
+                    raise InputError(f"{f}: unreadable parquet file ({_short(exc)})") from None
+                sizes = np.array([meta.row_group(g).num_rows for g in range(meta.num_row_groups)], dtype=np.int64)
+                # Runs of row groups: a new run starts where the rows since the last start reach min_rows.
+                group = 0
+                while group < sizes.size:  # one iteration per unit, not per row
+                    cum = np.cumsum(sizes[group:])
+                    end = group + min(int(np.searchsorted(cum, max(min_rows, 1), side="left")) + 1, sizes.size - group)
+                    n = int(sizes[group:end].sum())
+                    if n:
+                        units.append(WorkUnit(k, start, n, tuple(range(group, end))))
+                    start += n
+                    group = end
+                continue
+            n = fmt.num_rows(f)
+            if n is None:
+                return None
+            if n:
+                units.append(WorkUnit(k, start, n))
+            start += n
+        return units
+
+    def unit_batches(self, unit: WorkUnit, batch_rows: int = 4096, max_tokens: int = MAX_BATCH_TOKENS) -> Iterator[TokenBatch]:
+        """``batches`` of one ``WorkUnit`` only: the same rows, checks and errors (rows named in dataset order)."""
+        f = self.files[unit.file]
+        cols = self._needed()
+        if unit.row_groups is None:
+            records = ((f, b) for b in _iter_file(f, self.format, batch_rows, cols, self.renderer))
+        else:
+            records = ((f, b) for b in _iter_row_groups(f, unit.row_groups, batch_rows, cols))
+        yield from self._token_batches(records, unit.start_row, max_tokens)
 
     def batches_with_rows(self, rows: Iterable[int], batch_rows: int = 4096) -> Iterator[TokenBatch]:
         """Yield token batches that together hold every dataset row in ``rows`` (and maybe others).
@@ -561,6 +624,17 @@ def _iter_file(f: Path, fmt: str, batch_rows: int, columns: list[str] | None, re
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(f"{f}: unreadable {fmt} file ({_short(exc)})") from None
+
+
+def _iter_row_groups(f: Path, groups: Sequence[int], batch_rows: int, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
+    """The record batches of some row groups of the parquet file ``f`` (memory-mapped, as ``Parquet.batches``)."""
+    import pyarrow.parquet as pq
+
+    try:
+        yield from pq.ParquetFile(f, memory_map=True).iter_batches(batch_size=batch_rows, row_groups=list(groups),
+                                                                   columns=columns, use_threads=True)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise InputError(f"{f}: unreadable parquet file ({_short(exc)})") from None
 
 
 def _list_parts(arr: pa.Array, f: Path, col: str, start_row: int) -> tuple[np.ndarray, np.ndarray]:

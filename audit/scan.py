@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-import queue
 import shutil
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,9 +26,10 @@ from dqa.memory import reuse_freed_memory
 from dqa.audit import checks as checks_mod
 from dqa.audit import identity, metrics_schema
 from dqa.audit.cuts import truncation_cuts
-from dqa.audit.chat_format import WRONG_TOKENIZER_MIN_ROWS, check_format_fits, detect_conventions
-from dqa.audit.kernels import TURN_COLUMNS, TURN_DTYPES, KernelTables, batch_metrics_and_turns
+from dqa.audit.chat_format import detect_conventions
+from dqa.audit.kernels import KernelTables
 from dqa.audit.readers import Dataset, TokenBatch, open_dataset
+from dqa.audit.scan_workers import default_workers, read_parts, scan_parts
 from dqa.audit.template import TemplateSpec, load_template
 from dqa.errors import InputError
 
@@ -53,6 +52,7 @@ class ScanOptions:
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     batch_rows: int = 2048
     last_turn_only: bool = False  # conversation JSONL: train only the last assistant turn (SpecForge's train_only_last_turn)
+    workers: int | None = None  # processes that scan row groups / files; None: the CPUs this process may use
 
 
 @dataclass
@@ -97,7 +97,8 @@ def scan_fingerprint(ds: Dataset, options: ScanOptions) -> dict[str, Any]:
     """
     files = identity.files_fingerprint(ds.files)
     # An option at its default is left out, so scans made before the option existed stay reusable.
-    opts = {k: v for k, v in asdict(options).items() if k != "batch_rows" and not (k == "last_turn_only" and not v)}
+    # batch_rows and workers change how the work is cut, never what it finds.
+    opts = {k: v for k, v in asdict(options).items() if k not in ("batch_rows", "workers") and not (k == "last_turn_only" and not v)}
     return {"files": files, "options": json.loads(json.dumps(opts, sort_keys=True, default=str))}
 
 
@@ -122,90 +123,6 @@ def _selected_checks(options: ScanOptions) -> list[str]:
         if name not in checks_mod.BY_NAME:
             raise InputError(f"unknown check {name!r} (known: {', '.join(checks_mod.CHECK_NAMES)})")
     return [n for n in only if n not in set(options.skip)]
-
-
-def _prefetch(batches: Iterator[TokenBatch], depth: int = 2) -> Iterator[TokenBatch]:
-    """Read the next batches in a background thread while the kernel works on this one.
-
-    Parquet decoding and numpy both release the GIL, so reading and computing
-    overlap on two cores. Exceptions from the reader re-raise here, in order.
-    """
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    done = object()
-    stop = threading.Event()
-
-    def produce() -> None:
-        try:
-            for b in batches:
-                while not stop.is_set():
-                    try:
-                        q.put(b, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            q.put(done)
-        except BaseException as exc:  # handed to the consumer
-            q.put(exc)
-
-    thread = threading.Thread(target=produce, name="dqa-reader", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = q.get()
-            if item is done:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-
-
-def _stream_metrics(ds: Dataset, tables: KernelTables, part: Path, batch_rows: int, progress: ProgressFn | None,
-                    turns_part: Path | None = None) -> tuple[int, int]:
-    """Write one metrics row group per batch to ``part`` (and the batch's trained turns to
-    ``turns_part``, see ``kernels.TURN_COLUMNS``); return ``(rows, tokens)``."""
-    writer: pq.ParquetWriter | None = None
-    # The parts are work files, read back once at the end: compressing them would only cost CPU.
-    turn_writer = pq.ParquetWriter(turns_part, _turn_schema(), compression="none") if turns_part is not None else None
-    rows = tokens = 0
-    id_type: pa.DataType | None = None
-    fit: list[np.ndarray] | None = [np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64)]  # until the format is checked
-    try:
-        for batch in _prefetch(ds.batches(batch_rows)):
-            m, turns = batch_metrics_and_turns(batch, tables)
-            if turn_writer is not None and turns["row"].size:
-                turn_writer.write_table(pa.table({c: turns[c] for c in TURN_COLUMNS}, schema=turn_writer.schema))
-            if fit is not None:  # a wrong tokenizer fails in seconds: its assistant header is missing from most rows
-                fit = [np.concatenate((fit[0], m["has_assistant"])), np.concatenate((fit[1], m["supervised_tokens"]))]
-                if int((fit[1] > 0).sum()) >= WRONG_TOKENIZER_MIN_ROWS:
-                    check_format_fits(fit[0], fit[1], tables.spec, str(ds.path))
-                    fit = None
-            cols: dict[str, Any] = {"row": np.arange(batch.start_row, batch.start_row + batch.num_rows, dtype=np.int64)}
-            if batch.row_ids is not None:
-                ids_arr = batch.row_ids
-                if id_type is None:
-                    id_type = ids_arr.type
-                elif ids_arr.type != id_type:
-                    ids_arr = ids_arr.cast(id_type)
-                cols["id"] = ids_arr
-            cols.update(m)
-            table = pa.table(cols)
-            if writer is None:
-                writer = pq.ParquetWriter(part, table.schema, compression="none")
-            writer.write_table(table)
-            rows += batch.num_rows
-            tokens += int(batch.ids.size)
-            if progress:
-                progress(rows, tokens)
-    finally:
-        if writer is not None:
-            writer.close()
-        if turn_writer is not None:
-            turn_writer.close()
-    return rows, tokens
 
 
 def write_turns(turns: pl.DataFrame, ids: pl.Series | None, path: Path) -> None:
@@ -233,10 +150,6 @@ def write_turns(turns: pl.DataFrame, ids: pl.Series | None, path: Path) -> None:
     finally:
         if writer is not None:
             writer.close()
-
-
-def _turn_schema() -> pa.Schema:
-    return pa.schema([(c, pa.from_numpy_dtype(np.dtype(TURN_DTYPES.get(c, np.int64)))) for c in TURN_COLUMNS])
 
 
 def _supervised_tokens_of(ds: Dataset, wanted: dict[int, tuple[int, int] | None], batch_rows: int) -> dict[int, np.ndarray]:
@@ -374,6 +287,9 @@ def run_scan(
     if options.thinking not in ("auto", "expected", "off"):
         raise InputError(f"--thinking {options.thinking!r}: expected auto, expected or off")
 
+    workers = default_workers() if options.workers is None else options.workers
+    if workers < 1:
+        raise InputError(f"--workers {workers}: expected at least 1")
     ds = open_dataset(dataset, options.ids_column, options.mask_column, options.labels_column, options.id_column)
     spec = load_template(options.tokenizer)
     ds.set_chat_format(spec, options.last_turn_only)  # conversation JSONL is rendered and masked with it
@@ -387,16 +303,16 @@ def run_scan(
     dropped = [] if previous is None or previous.get("fingerprint") == fingerprint else identity.derived_outputs(out)
     work = atomic.make_work_dir(out)
     try:
-        part, turns_part = work / "metrics.part.parquet", work / "turns.part.parquet"
-        rows, tokens = _stream_metrics(ds, tables, part, options.batch_rows, progress, turns_part)
+        parts, rows, tokens = scan_parts(ds, tables, work, options.batch_rows, progress, workers)
         if rows == 0:
             raise InputError(f"{dataset}: no rows (an empty dataset)")
-        metrics = pl.read_parquet(part)
+        metrics = read_parts([m for m, _ in parts])
         conventions = detect_conventions(metrics, spec)
         metrics = checks_mod.prepare(set_aside_trained_headers(metrics, conventions))
-        turns = checks_mod.prepare_turns(pl.read_parquet(turns_part))
-        part.unlink()
-        turns_part.unlink()
+        turns = checks_mod.prepare_turns(read_parts([t for _, t in parts]))
+        for pair in parts:
+            for f in pair:
+                f.unlink()
         if options.thinking == "auto":
             expected, share = checks_mod.infer_thinking(metrics, float(params["scan"]["thinking_min_share"]))
         else:

@@ -1,0 +1,212 @@
+"""The kernel pass of a scan: every batch of the dataset through ``kernels.batch_metrics_and_turns``, its
+per-sample and per-turn metrics written to work parts, in one process or in ``workers`` processes.
+
+With more than one worker the dataset is cut into ``WorkUnit``s (``Dataset.work_units``: runs of parquet
+row groups, or whole files whose row count the format records) and a ``multiprocessing`` pool scans them,
+each unit into its own pair of parts, while this process waits. The parts are read back in unit order, so
+the metrics and turns tables are the ones a single process writes: every metric of a row depends only on
+the row, and the set-level checks (template shares, duplicates) count their hashes over the whole tables
+afterwards (``checks.prepare``), so their counts are exact for any cut. Findings are identical for every
+``workers``. Datasets that cannot be cut without reading them (Arrow streams, JSONL, conversations) are
+read as one stream in this process, with a reader thread, as with one worker.
+
+A unit's error surfaces as it would in one process: the pool's results are taken in unit order, so the
+first bad row in dataset order is the one named. Workers ignore Ctrl-C; the scan's process stops the pool.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import queue
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dqa.audit.chat_format import WRONG_TOKENIZER_MIN_ROWS, check_format_fits
+from dqa.audit.kernels import TURN_COLUMNS, TURN_DTYPES, KernelTables, batch_metrics_and_turns
+from dqa.audit.readers import Dataset, TokenBatch
+from dqa.memory import reuse_freed_memory
+
+ProgressFn = Callable[[int, int], None]  # (rows done so far, tokens done so far)
+UNITS_PER_WORKER = 8  # the dataset is cut into about this many units per worker (so none waits long on the last)
+
+
+def default_workers() -> int:
+    """The CPUs this process may run on (its affinity, so ``taskset -c 0`` means one), else ``os.cpu_count()``."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):
+        return max(os.cpu_count() or 1, 1)
+
+
+def _prefetch(batches: Iterator[TokenBatch], depth: int = 2) -> Iterator[TokenBatch]:
+    """Read the next batches in a background thread while the kernel works on this one.
+
+    Parquet decoding and numpy both release the GIL, so reading and computing
+    overlap on two cores. Exceptions from the reader re-raise here, in order.
+    """
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for b in batches:
+                while not stop.is_set():
+                    try:
+                        q.put(b, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as exc:  # handed to the consumer
+            q.put(exc)
+
+    thread = threading.Thread(target=produce, name="dqa-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
+def stream_metrics(batches: Iterator[TokenBatch], tables: KernelTables, part: Path, progress: ProgressFn | None,
+                   turns_part: Path | None = None, dataset: str = "", check_fit: bool = True) -> tuple[int, int, bool]:
+    """Write one metrics row group per batch of ``batches`` to ``part`` (and the batch's trained turns to
+    ``turns_part``, see ``kernels.TURN_COLUMNS``); return ``(rows, tokens, fit_checked)``.
+
+    With ``check_fit`` the first batches' assistant headers are checked against the chat format
+    (``check_format_fits``, naming ``dataset``) as soon as they hold ``WRONG_TOKENIZER_MIN_ROWS`` supervised
+    rows; ``fit_checked`` says whether that happened. Raises ``InputError`` for bad input."""
+    writer: pq.ParquetWriter | None = None
+    # The parts are work files, read back once at the end: compressing them would only cost CPU.
+    turn_writer = pq.ParquetWriter(turns_part, _turn_schema(), compression="none") if turns_part is not None else None
+    rows = tokens = 0
+    id_type: pa.DataType | None = None
+    fit: list[np.ndarray] | None = [np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64)] if check_fit else None
+    checked = False
+    try:
+        for batch in _prefetch(batches):
+            m, turns = batch_metrics_and_turns(batch, tables)
+            if turn_writer is not None and turns["row"].size:
+                turn_writer.write_table(pa.table({c: turns[c] for c in TURN_COLUMNS}, schema=turn_writer.schema))
+            if fit is not None:  # a wrong tokenizer fails in seconds: its assistant header is missing from most rows
+                fit = [np.concatenate((fit[0], m["has_assistant"])), np.concatenate((fit[1], m["supervised_tokens"]))]
+                if int((fit[1] > 0).sum()) >= WRONG_TOKENIZER_MIN_ROWS:
+                    check_format_fits(fit[0], fit[1], tables.spec, dataset)
+                    fit, checked = None, True
+            cols: dict[str, Any] = {"row": np.arange(batch.start_row, batch.start_row + batch.num_rows, dtype=np.int64)}
+            if batch.row_ids is not None:
+                ids_arr = batch.row_ids
+                if id_type is None:
+                    id_type = ids_arr.type
+                elif ids_arr.type != id_type:
+                    ids_arr = ids_arr.cast(id_type)
+                cols["id"] = ids_arr
+            cols.update(m)
+            table = pa.table(cols)
+            if writer is None:
+                writer = pq.ParquetWriter(part, table.schema, compression="none")
+            writer.write_table(table)
+            rows += batch.num_rows
+            tokens += int(batch.ids.size)
+            if progress:
+                progress(rows, tokens)
+    finally:
+        if writer is not None:
+            writer.close()
+        if turn_writer is not None:
+            turn_writer.close()
+    return rows, tokens, checked
+
+
+def _turn_schema() -> pa.Schema:
+    return pa.schema([(c, pa.from_numpy_dtype(np.dtype(TURN_DTYPES.get(c, np.int64)))) for c in TURN_COLUMNS])
+
+
+
+
+def read_parts(paths: list[Path]):
+    """The parts' rows in order as one polars table (a unit whose ids came as another Arrow type is cast)."""
+    import polars as pl
+
+    frames = [pl.read_parquet(p) for p in paths]
+    return frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical_relaxed")
+
+
+def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, progress: ProgressFn | None,
+               workers: int) -> tuple[list[tuple[Path, Path]], int, int]:
+    """Run the kernels over ``ds`` into parts under ``work``; return ``([(metrics part, turns part)...] in dataset
+    order, rows, tokens)``. ``workers`` > 1 scans the dataset's work units in that many processes (see the module
+    docstring). Raises ``InputError`` for bad input (the first in dataset order)."""
+    units = None
+    if workers > 1:
+        total = ds.num_rows
+        if total:
+            units = ds.work_units(max(batch_rows, math.ceil(total / (workers * UNITS_PER_WORKER))))
+    if not units or len(units) < 2:
+        pair = (work / "metrics.part.parquet", work / "turns.part.parquet")
+        rows, tokens, _ = stream_metrics(ds.batches(batch_rows), tables, pair[0], progress, pair[1], str(ds.path))
+        return [pair], rows, tokens
+    pairs = [(work / f"metrics.part-{k:05d}.parquet", work / f"turns.part-{k:05d}.parquet") for k in range(len(units))]
+    tasks = [(k, u, batch_rows, pairs[k], str(ds.path)) for k, u in enumerate(units)]
+    rows = tokens = 0
+    checked = False
+    with _context().Pool(min(workers, len(units)), initializer=_init_worker, initargs=(ds, tables)) as pool:
+        for k, n_rows, n_tokens, fit in pool.imap(_scan_unit, tasks):  # in unit order: the first error is the first bad row
+            rows, tokens = rows + n_rows, tokens + n_tokens
+            checked = checked or (k == 0 and fit)
+            if progress:
+                progress(rows, tokens)
+    if not checked:  # the first unit held too few supervised rows: check on the first rows of the set, as one process does
+        _check_fit_of_parts([m for m, _ in pairs], tables, str(ds.path))
+    return pairs, rows, tokens
+
+
+def _context():
+    """fork where the platform has it (the workers inherit the loaded tables; no re-import), else spawn."""
+    return multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(ds: Dataset, tables: KernelTables) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the scan process's to handle: it stops the pool
+    reuse_freed_memory()
+    _WORKER["ds"], _WORKER["tables"] = ds, tables
+
+
+def _scan_unit(task) -> tuple[int, int, int, bool]:
+    k, unit, batch_rows, (part, turns_part), dataset = task
+    ds: Dataset = _WORKER["ds"]
+    rows, tokens, fit = stream_metrics(ds.unit_batches(unit, batch_rows), _WORKER["tables"], part, None, turns_part,
+                                       dataset, check_fit=unit.start_row == 0)
+    return k, rows, tokens, fit
+
+
+def _check_fit_of_parts(parts: list[Path], tables: KernelTables, dataset: str) -> None:
+    has, sup = [], []
+    for p in parts:  # until WRONG_TOKENIZER_MIN_ROWS supervised rows are in (or the set ends)
+        t = pq.read_table(p, columns=["has_assistant", "supervised_tokens"])
+        has.append(t["has_assistant"].to_numpy())
+        sup.append(t["supervised_tokens"].to_numpy())
+        if int((np.concatenate(sup) > 0).sum()) >= WRONG_TOKENIZER_MIN_ROWS:
+            check_format_fits(np.concatenate(has), np.concatenate(sup), tables.spec, dataset)
+            return
