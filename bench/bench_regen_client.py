@@ -15,7 +15,10 @@ measures requests/s and client CPU time per request for
 
 and prints the ratios: every contestant runs once per round (``--loopback-rounds``, 3), ratios are
 taken within a round, and the median over rounds is the figure (the VM's speed drifts between
-minutes). Goal (issue 11): dqa >= 2,000 req/s on the 2-core machine and >= 10x the baseline.
+minutes). Goal (issue 20, over aiohttp): dqa >= 3x the openai baseline. ``--dqa-python PY`` adds
+a contestant to every round: the same ``regenerate`` run by another installed tree (PY is that
+tree's interpreter, e.g. a venv with the commit before a change), in a subprocess that measures
+itself the same way; the goal there is dqa's client CPU per request <= 1.5x the other tree's.
 
 Part 2, ``serve``: against ``transformers serve`` with the tiny random Qwen3 model
 (examples/tiny_model.py), dqa's output tok/s versus a plain load generator (a minimal asyncio
@@ -288,6 +291,27 @@ def run_dqa(dataset: Path, out: Path, endpoints: list[str], protocol: str, concu
     return Figure(name, rows, m.wall, m.cpu, m.server_cpu, tokens, _steady(done_at))
 
 
+def run_dqa_elsewhere(python: str, dataset: Path, out: Path, url: str, concurrency: int, max_new_tokens: int,
+                     server_pid: int, name: str) -> Figure:
+    """``run_dqa`` in a subprocess of ``python`` (another installed dqa tree); its own Figure."""
+    fig_path = out.with_suffix(".figure.json")
+    cmd = [python, str(Path(__file__).resolve()), "--_dqa-once", json.dumps([str(dataset), str(out), url, concurrency,
+                                                                              max_new_tokens, server_pid, str(fig_path)])]
+    subprocess.run(cmd, check=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    f = json.loads(fig_path.read_text())
+    return Figure(name, f["requests"], f["wall_s"], f["cpu_s"], f["server_cpu_s"], f["output_tokens"], f["steady_rps"])
+
+
+def _dqa_once(spec: str) -> None:
+    """The subprocess side of ``run_dqa_elsewhere``."""
+    dataset, out, url, concurrency, max_new_tokens, pid, fig_path = json.loads(spec)
+    f = run_dqa(Path(dataset), Path(out), [url], "sglang", concurrency, max_new_tokens, pid)
+    import dqa.regen.transport as t
+
+    print(f"(the other tree: {t.__file__})", flush=True)
+    Path(fig_path).write_text(json.dumps(f.__dict__))
+
+
 # ---------------------------------------------------------------------------- parts
 
 
@@ -318,28 +342,38 @@ def part_loopback(args: argparse.Namespace, work: Path) -> dict:
                 run_requests_threads(stub.url, prompts, args.concurrency, args.max_new_tokens, pid),
                 run_plain_asyncio(stub.url, floor_bodies, "/generate", args.concurrency, pid, "plain asyncio /generate (floor)"),
             ]
+            if args.dqa_python:
+                figures.append(run_dqa_elsewhere(args.dqa_python, dataset, work / "regen-out-other", stub.url, args.concurrency,
+                                                 args.max_new_tokens, pid, "dqa regen (--dqa-python tree)"))
             rounds.append(figures)
             print(f"\n== loopback round {r + 1}/{args.loopback_rounds}: zero-latency SGLang-contract stub, concurrency "
                   f"{args.concurrency}, max_new_tokens {args.max_new_tokens}, {os.cpu_count()} CPUs ==", flush=True)
             for f in figures:
                 print(f.line(), flush=True)
-            dqa, base, req, floor = figures
+            dqa, base, req, floor = figures[:4]
             print(f"round {r + 1}: dqa / openai baseline {dqa.rps / base.rps:.1f}x req/s, {base.cpu_us / dqa.cpu_us:.1f}x less "
                   f"client CPU per request; dqa / requests baseline {dqa.rps / req.rps:.1f}x; dqa / floor {dqa.rps / floor.rps:.2f}x",
                   flush=True)
-    ratio = [d.rps / b.rps for d, b, _, _ in rounds]
-    cpu_ratio = [b.cpu_us / d.cpu_us for d, b, _, _ in rounds]
-    req_ratio = [d.rps / q.rps for d, _, q, _ in rounds]
-    floor_ratio = [d.rps / f.rps for d, _, _, f in rounds]
-    dqa_rps = [d.rps for d, _, _, _ in rounds]
+            if args.dqa_python:
+                other = figures[4]
+                print(f"round {r + 1}: dqa / the other tree: {dqa.rps / other.rps:.2f}x req/s, {dqa.cpu_us / other.cpu_us:.2f}x its "
+                      f"client CPU per request; the other tree / openai {other.rps / base.rps:.1f}x", flush=True)
+    ratio = [f[0].rps / f[1].rps for f in rounds]
+    cpu_ratio = [f[1].cpu_us / f[0].cpu_us for f in rounds]
+    req_ratio = [f[0].rps / f[2].rps for f in rounds]
+    floor_ratio = [f[0].rps / f[3].rps for f in rounds]
+    dqa_rps = [f[0].rps for f in rounds]
     print(f"\n== loopback, median of {len(rounds)} rounds ==")
     print(f"dqa / openai thread-pool baseline: {_median(ratio):.1f}x req/s (rounds: {', '.join(f'{x:.1f}x' for x in ratio)}), "
           f"{_median(cpu_ratio):.1f}x less client CPU per request")
     print(f"dqa / requests thread-pool on /generate: {_median(req_ratio):.1f}x req/s")
     print(f"dqa / plain asyncio floor: {_median(floor_ratio):.2f}x req/s (rounds: {', '.join(f'{x:.2f}x' for x in floor_ratio)})")
     print(f"dqa req/s: {_median(dqa_rps):.0f} (rounds: {', '.join(f'{x:.0f}' for x in dqa_rps)})")
-    print(f"goals: >= 2000 req/s -> {'met' if _median(dqa_rps) >= 2000 else 'MISSED'}; >= 10x baseline -> "
-          f"{'met' if _median(ratio) >= 10 else 'MISSED'} (median of rounds)")
+    print(f"goal: >= 3x the openai baseline -> {'met' if min(ratio) >= 3 else 'MISSED'} in every round")
+    if args.dqa_python:
+        other_cpu = [f[0].cpu_us / f[4].cpu_us for f in rounds]
+        print(f"dqa client CPU per request / the other tree's: rounds {', '.join(f'{x:.2f}x' for x in other_cpu)}; goal <= 1.5x -> "
+              f"{'met' if max(other_cpu) <= 1.5 else 'MISSED'} in every round")
     return {
         "rounds": [{f.name: {"requests": f.requests, "wall_s": f.wall_s, "req_per_s": f.rps, "steady_req_per_s": f.steady_rps,
                              "client_cpu_us_per_req": f.cpu_us,
@@ -447,7 +481,12 @@ def main() -> None:
     p.add_argument("--serve-repeats", type=int, default=5, help="back-to-back plain/dqa pairs; the median ratio is reported")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     p.add_argument("--keep", action="store_true", help="keep the work folder (printed)")
+    p.add_argument("--dqa-python", default=None, help="loopback: also run dqa regen with this interpreter's dqa (another tree), every round")
+    p.add_argument("--_dqa-once", dest="dqa_once", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.dqa_once:
+        _dqa_once(args.dqa_once)
+        return
     work = Path(tempfile.mkdtemp(prefix="dqa-bench-regen-"))
     results: dict = {}
     try:
