@@ -17,7 +17,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -25,6 +24,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from regen_helpers import degenerate_dataset, read_shards, write_findings
+from servers.in_thread import InThreadServer
 from servers.sglang_contract import StubServer
 
 ROWS = 5
@@ -107,26 +107,14 @@ def test_a_missing_ca_bundle_is_a_usage_error_before_anything_is_read(tmp_path):
 # ------------------------------------------------------------------------------------ proxies
 
 
-class ForwardProxy:
+class ForwardProxy(InThreadServer):
     """A forwarding HTTP proxy on a free loopback port: takes absolute-form requests
     (``GET http://host:port/path HTTP/1.1``), relays each to its origin on a connection of its
     own and the reply back, and records ``(method, origin, path)`` of every request."""
 
     def __init__(self):
+        super().__init__()
         self.seen: list[tuple[str, str, str]] = []
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-
-    def start(self) -> "ForwardProxy":
-        self._thread.start()
-        self._server = asyncio.run_coroutine_threadsafe(asyncio.start_server(self._serve, "127.0.0.1", 0), self._loop).result(10)
-        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-        return self
-
-    def stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._server.close)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
     async def _serve(self, reader, writer) -> None:
         try:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import threading
+
+from servers.in_thread import InThreadServer
 
 INFO = {"version": "0.5.23", "context_length": 40960, "served_model_name": "Qwen/Qwen3-8B", "model_path": "Qwen/Qwen3-8B"}
 MODELS = {"object": "list", "data": [{"id": "Qwen/Qwen3-8B", "object": "model", "max_model_len": 40960}]}
@@ -113,33 +114,14 @@ BEHAVIOURS = {f.__name__: f for f in (endless_headers, huge_content_length, endl
                                       signed_chunk_size, underscore_chunk_size, gzip_reply)}
 
 
-class HostileServer:
+class HostileServer(InThreadServer):
     """``HostileServer("trickle").start()``: listening on a free loopback port (``url``) until
     ``stop()``; ``posts`` counts the generation requests it got."""
 
     def __init__(self, behaviour: str):
+        super().__init__()
         self.behaviour = BEHAVIOURS[behaviour]
         self.posts = 0
-        self.url = ""
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-
-    def start(self) -> "HostileServer":
-        self._thread.start()
-        self._server = asyncio.run_coroutine_threadsafe(asyncio.start_server(self._serve, "127.0.0.1", 0), self._loop).result(10)
-        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-        return self
-
-    def stop(self) -> None:
-        async def close():
-            self._server.close()
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
-
-        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
