@@ -34,6 +34,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+# Imported here, not inside the event loop: a SIGTERM/Ctrl-C during this (0.1-0.2 s) import must
+# land in plain start-up code, not in a task of the preflight (where it left a task's exception
+# unretrieved and a traceback on stderr).
+import aiohttp
+import yarl
+
 from dqa.regen.http_policy import HttpPolicy
 from dqa.regen.urls import strip_userinfo
 
@@ -104,8 +110,6 @@ _ATTEMPT: contextvars.ContextVar[_Attempt | None] = contextvars.ContextVar("dqa_
 
 
 def _connector_class():
-    import aiohttp
-
     class _Connector(aiohttp.TCPConnector):
         """A TCPConnector that tells the request in progress when it has its connection (new or
         pooled): from then on, the request's deadline is ``reply_s`` away."""
@@ -161,8 +165,6 @@ class AiohttpTransport(Transport):
         self._post_timeout = None
 
     def _open(self):
-        import aiohttp
-
         if self._session is None:
             connector = _connector_class()(limit=0, limit_per_host=self.per_host, keepalive_timeout=IDLE_EXPIRY)
             self._session = aiohttp.ClientSession(
@@ -172,8 +174,6 @@ class AiohttpTransport(Transport):
         return self._session
 
     def _target(self, url: str) -> _Target:
-        import yarl
-
         target = self._targets.get(url)
         if target is None:
             try:
@@ -203,8 +203,6 @@ class AiohttpTransport(Transport):
 
     async def _send(self, method: str, url: str, body: bytes | None, client_timeout, connect_s: float, reply_s: float,
                     limit: int | None) -> tuple[int, bytes]:
-        import aiohttp
-
         target = self._target(url)
         session = self._open()
         attempt = _Attempt(None, None, connected=not self._own)
@@ -242,8 +240,6 @@ class AiohttpTransport(Transport):
 def _client_timeout(connect_s: float):
     """aiohttp's timeouts for one request: only the connection's (a free slot, DNS, TCP, TLS,
     proxy); the reply's deadline is the transport's own."""
-    import aiohttp
-
     return aiohttp.ClientTimeout(total=None, connect=connect_s if connect_s > 0 else None)
 
 
@@ -266,8 +262,6 @@ async def _read(resp, limit: int | None, name: str) -> bytes:
 
 
 def _timeout(exc: BaseException, target: _Target, attempt: _Attempt, connect_s: float, reply_s: float) -> TransportError:
-    import aiohttp
-
     if isinstance(exc, getattr(aiohttp, "ConnectionTimeoutError", ())) or not attempt.connected:
         where = f" through the proxy {strip_userinfo(target.proxy)}" if target.proxy else ""
         return TransportError("timeout", f"{target.name}: connecting{where} timed out after {connect_s:g} s", connected=False)
@@ -277,8 +271,6 @@ def _timeout(exc: BaseException, target: _Target, attempt: _Attempt, connect_s: 
 def _classify(exc: BaseException, target: _Target, policy: HttpPolicy) -> TransportError:
     """The ``TransportError`` for an aiohttp or socket error of a request to ``target`` (a TLS
     failure's message names the fix, from ``policy``)."""
-    import aiohttp
-
     text = " ".join(str(exc).split())[:200]
     if isinstance(exc, (aiohttp.ClientConnectorCertificateError,)):
         reason = getattr(getattr(exc, "certificate_error", None), "verify_message", None) or text
