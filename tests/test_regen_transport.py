@@ -248,6 +248,27 @@ def test_a_cancelled_request_closes_its_connection_and_the_next_one_works():
     assert out == (200, b"{}") and srv.connections == 2
 
 
+def test_a_timed_out_request_leaves_its_task_uncancelled_and_an_outside_cancel_stays_a_cancel():
+    async def never(writer):
+        await asyncio.sleep(3)
+
+    async def steps(t, url):
+        err = await failed_post(t, url)  # the deadline's cancellation became a timeout ...
+        await asyncio.sleep(0.01)  # ... and nothing of it is left pending on this task
+        task = asyncio.current_task()
+        leftover = task.cancelling() if hasattr(task, "cancelling") else 0
+        # A cancel from outside, before the deadline, is the caller's: it stays a cancel.
+        inner = asyncio.ensure_future(t.post(url, b"{}"))
+        await asyncio.sleep(0.1)
+        inner.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await inner
+        return err, leftover
+
+    (err, leftover), _ = run([never, never], steps, request_timeout=0.3)
+    assert err.kind == "timeout" and leftover == 0
+
+
 def test_a_reused_connection_dropped_without_a_reply_is_an_error_and_is_not_resent():
     """The server may have read the request before it dropped the connection: the transport never
     sends a POST twice (the dispatcher decides about retrying), and the next request reconnects."""
