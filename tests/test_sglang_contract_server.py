@@ -11,7 +11,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from servers.sglang_contract import END_THINK, IM_END, NL2, THINK, WORDS, StubServer, parse_args, plan_reply, unknown_field_message
+from servers.sglang_contract import (
+    CONTENT_FAULT_KINDS, END_THINK, IM_END, NL2, THINK, WORDS, StubServer, content_fault, parse_args, plan_reply,
+    unknown_field_message,
+)
 
 PROMPT = [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]  # <|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n
 
@@ -89,6 +92,32 @@ def test_output_is_deterministic_in_prompt_and_seed(stub):
     assert ids(1) == ids(1) == plan_reply(PROMPT, 1)
     assert ids(1) != ids(2)
     assert ids(1) != ids(1, PROMPT[:-1] + [271, 198])
+
+
+def test_content_faults_spoil_the_first_seed_of_a_share_of_prompts_and_a_new_seed_gets_a_good_answer(tmp_path, qwen_tokenizer):
+    prompts = [PROMPT[:3] + [w] + PROMPT[4:] for w, _ in WORDS]  # 43 different user messages
+    kinds = {i: content_fault(p, 0.5, list(CONTENT_FAULT_KINDS)) for i, p in enumerate(prompts)}
+    bad = {i: k for i, k in kinds.items() if k}
+    assert 0 < len(bad) < len(prompts) and set(bad.values()) == set(CONTENT_FAULT_KINDS)
+    with StubServer(tmp_path, "--enable-deterministic-inference", "--content-fault-share", "0.5") as s:
+        def reply(p, seed):
+            return generate(s.url, p, sampling_params={"max_new_tokens": 300, "sampling_seed": seed}).json()
+
+        first = [reply(p, 7) for p in prompts]
+        for i, body in enumerate(first):
+            out, text = body["output_ids"], qwen_tokenizer.decode(body["output_ids"], skip_special_tokens=False)
+            if kinds[i] is None:
+                assert out == plan_reply(prompts[i], 7)
+            elif kinds[i] == "degenerate":  # the seed's answer, token for token
+                assert text == "<think>\n\n</think>\n\nOK.<|im_end|>"
+            elif kinds[i] == "loop":
+                assert text.count(" let me think about this carefully First the.") == 24 and out[-1] == IM_END
+            else:  # cut: a thought that never closes, ended by the length limit
+                assert body["meta_info"]["finish_reason"] == {"type": "length", "length": 300}
+                assert END_THINK not in out and len(out) == 300
+        assert [reply(p, 7)["output_ids"] for p in prompts] == [b["output_ids"] for b in first]  # a resend with the same seed: the same bad answer
+        assert all(reply(p, 8)["output_ids"] == plan_reply(p, 8) for p in prompts)  # a new seed: a good one
+        assert reply(prompts[min(bad)], 7)["output_ids"] == first[min(bad)]["output_ids"]  # the first seed stays the spoilt one
 
 
 def test_planned_replies_span_their_length_ranges_and_impossible_ranges_are_refused():

@@ -78,7 +78,17 @@ Output ids are a pure function of (input ids, ``sampling_seed``): a thinking rep
 ``<think>\\n`` + words + ``\\n</think>\\n\\n`` + answer + ``<|im_end|>`` built from real Qwen3
 token ids (the table below; a test checks it against the real tokenizer). When
 ``max_new_tokens`` is smaller than the planned reply, the reply is cut there with
-``finish_reason`` length. A ``text`` prompt is turned into pseudo token ids (one per
+``finish_reason`` length.
+
+Content faults (``--content-fault-share P``, ``--content-fault-kinds``) stand for a model whose
+first sample of a prompt is sometimes bad, as in the seed's incident: a share P of prompts,
+chosen by the prompt's ids alone, get a bad answer to the FIRST ``sampling_seed`` the server sees
+for them (every resend with that seed gets the same bad answer, as a deterministic server would);
+any other seed gets the normal reply. That is what a repair loop meets: round 1's answers to those
+prompts are bad, a later round's new seeds fix them. The kinds: ``degenerate`` (the seed's
+thinking-off ``<think>\n\n</think>\n\nOK.<|im_end|>``), ``loop`` (one 8-word sentence thought 24
+times, 216 tokens), ``cut`` (a thought in random words that never ends: cut by
+``max_new_tokens``). Qwen3 and Qwen3.6 ids only. A ``text`` prompt is turned into pseudo token ids (one per
 whitespace-separated word); the stub has no tokenizer.
 
 Faults (flags at start, ``POST /_control`` with a JSON object at run time)
@@ -139,6 +149,7 @@ _OKAY = (32313, "Okay")
 _THE_ANSWER_IS = ((785, "The"), (4226, " answer"), (374, " is"))
 _COMMA = (11, ",")
 _PERIOD = (13, ".")
+_OK = (3925, "OK")
 WORDS: tuple[tuple[int, str], ...] = (
     (1077, " let"), (752, " me"), (1744, " think"), (911, " about"), (419, " this"),
     (15516, " carefully"), (5512, " First"), (279, " the"), (3405, " question"),
@@ -153,7 +164,7 @@ WORDS: tuple[tuple[int, str], ...] = (
 )
 _TEXT_OF = {tid: s for tid, s in WORDS}
 _TEXT_OF.update({THINK: "<think>", END_THINK: "</think>", NL: "\n", NL2: "\n\n", IM_END: "<|im_end|>"})
-_TEXT_OF.update({_OKAY[0]: _OKAY[1], _COMMA[0]: _COMMA[1], _PERIOD[0]: _PERIOD[1]})
+_TEXT_OF.update({_OKAY[0]: _OKAY[1], _COMMA[0]: _COMMA[1], _PERIOD[0]: _PERIOD[1], _OK[0]: _OK[1]})
 _TEXT_OF.update({tid: s for tid, s in _THE_ANSWER_IS})
 _WORD_IDS = [w[0] for w in WORDS]
 _THE_ANSWER_WORDS = tuple(t for t, _ in _THE_ANSWER_IS)
@@ -165,8 +176,9 @@ HIST_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120
 FAULT_KEYS = (
     "error_share", "error_statuses", "error_window", "abort_share", "abort_status", "stall_share", "drop_share",
     "malformed_share", "error_chunk_share", "latency_s", "latency_jitter_s", "per_token_s",
-    "die_after", "healthy",
+    "die_after", "healthy", "content_fault_share", "content_fault_kinds",
 )
+CONTENT_FAULT_KINDS = ("degenerate", "loop", "cut")
 # sglang/api/v1/api_types.py (0.5.23): the keys SamplingParams accepts, in its order (serde lists them so).
 SAMPLING_FIELDS = (
     "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
@@ -308,6 +320,33 @@ def cut_reply(planned: list[int], max_new_tokens: int, stop_ids: set[int]) -> tu
     return planned[:max_new_tokens], {"type": "length", "length": max_new_tokens}
 
 
+def content_fault(input_ids: list[int], share: float, kinds: list[str]) -> str | None:
+    """The bad answer a prompt's first seed gets (one of ``kinds``), or None for most prompts:
+    a pure function of the prompt's ids, so a share ``share`` of prompts is chosen."""
+    if share <= 0 or not kinds:
+        return None
+    h = hash((tuple(input_ids), 0xC0FFEE)) & 0xFFFF_FFFF_FFFF_FFFF  # ints only: the same in every process
+    if h % 1_000_000 >= share * 1_000_000:
+        return None
+    return kinds[(h // 1_000_000) % len(kinds)]
+
+
+_LOOP_SENTENCE = tuple(_WORD_IDS[:8]) + (_PERIOD[0],)
+
+
+def faulty_reply(kind: str, input_ids: list[int], max_new_tokens: int) -> list[int]:
+    """The planned bad reply of a content fault (Qwen3 ids). Raises ValueError for an unknown kind."""
+    if kind == "degenerate":
+        return [THINK, NL2, END_THINK, NL2, _OK[0], _PERIOD[0], IM_END]
+    if kind == "loop":
+        return [THINK, NL, *(_LOOP_SENTENCE * 24), NL, END_THINK, NL2, *_THE_ANSWER_WORDS, _WORD_IDS[0], _PERIOD[0], IM_END]
+    if kind == "cut":
+        draw = random.Random(hash((tuple(input_ids), 0xC07)))  # an int seed: the same words in every process
+        words = draw.choices(_WORD_IDS, k=max(max_new_tokens, 1))
+        return [THINK, NL, *words]  # longer than the budget: never reaches </think>
+    raise ValueError(f"unknown content fault {kind!r}; expected one of {', '.join(CONTENT_FAULT_KINDS)}")
+
+
 # ---------------------------------------------------------------------------- the server state
 
 
@@ -329,6 +368,8 @@ class Faults:
     per_token_s: float = 0.0
     die_after: int | None = None
     healthy: bool = True
+    content_fault_share: float = 0.0  # a share of PROMPTS (not requests): see "Content faults" above
+    content_fault_kinds: list[str] = field(default_factory=lambda: list(CONTENT_FAULT_KINDS))
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in FAULT_KEYS}
@@ -376,6 +417,7 @@ class State:
             malformed_share=args.malformed_share, error_chunk_share=args.error_chunk_share,
             latency_s=args.latency_s, latency_jitter_s=args.latency_jitter_s,
             per_token_s=args.per_token_s, die_after=args.die_after,
+            content_fault_share=args.content_fault_share, content_fault_kinds=args.content_fault_kinds,
         )
         self.rng = random.Random(args.fault_seed)
         self.version = parse_version(args.sglang_version)
@@ -408,6 +450,7 @@ class State:
         self._tick_at = time.monotonic()
         self.recent: deque[dict[str, Any]] = deque(maxlen=args.request_log_size)
         self.seen_prompts: set[int] = set()
+        self.first_seed: dict[int, Any] = {}  # prompt -> the first sampling_seed seen (content faults)
         self.log_file = open(args.log_file, "a", buffering=1) if args.log_file else sys.stderr
 
     @property
@@ -625,16 +668,30 @@ def _contract_error(st: State, obj: dict) -> str | None:
     return None
 
 
+def _content_fault_of(st: State, ids: list[int], seed: Any) -> str | None:
+    """This request's content fault: the prompt's, when ``seed`` is the first one seen for it."""
+    kind = content_fault(ids, st.faults.content_fault_share, st.faults.content_fault_kinds)
+    if kind is None:
+        return None
+    key = hash(tuple(ids))
+    if key not in st.first_seed and len(st.first_seed) < 1_000_000:
+        st.first_seed[key] = seed
+    return kind if st.first_seed.get(key, seed) == seed else None
+
+
 async def _generate_one(st: State, ids: list[int], sp: dict, rid: str) -> dict:
     """Run one request through the (simulated) scheduler; return the /generate result object."""
     t0 = time.monotonic()
     seed = st.effective_seed(sp.get("sampling_seed"))
     planned = plan_reply(ids, seed, (st.args.think_min, st.args.think_max), (st.args.answer_min, st.args.answer_max))
-    planned = in_vocab(planned, ids, getattr(st.args, "vocab", "qwen3"))
-    im_end = END_OF_TURN.get(getattr(st.args, "vocab", "qwen3"), IM_END)
     max_new = sp.get("max_new_tokens", 128)
     if max_new is None:
         max_new = st.context_length - len(ids)
+    kind = _content_fault_of(st, ids, sp.get("sampling_seed"))
+    if kind:
+        planned = faulty_reply(kind, ids, max_new)
+    planned = in_vocab(planned, ids, getattr(st.args, "vocab", "qwen3"))
+    im_end = END_OF_TURN.get(getattr(st.args, "vocab", "qwen3"), IM_END)
     stop_ids = set(sp.get("stop_token_ids") or ())
     if not sp.get("ignore_eos"):
         stop_ids.add(im_end)
@@ -1167,6 +1224,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--latency-jitter-s", type=float, default=0.0)
     g.add_argument("--per-token-s", type=float, default=0.0)
     g.add_argument("--die-after", type=int, default=None)
+    g.add_argument("--content-fault-share", type=float, default=0.0,
+                   help="a share of prompts whose first seed gets a bad answer (see Content faults)")
+    g.add_argument("--content-fault-kinds", type=lambda s: [k for k in s.split(",") if k],
+                   default=list(CONTENT_FAULT_KINDS), help="comma-separated: degenerate,loop,cut")
     args = p.parse_args(argv)
     args.served_model_name = args.served_model_name or args.model_path
     if getattr(args, "mamba_scheduler_strategy", None) is not None and version >= (0, 5, 14):
@@ -1183,6 +1244,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     why = reply_ranges_problem((args.think_min, args.think_max), (args.answer_min, args.answer_max))
     if why:
         p.error(f"--think-min/--think-max/--answer-min/--answer-max: {why}")
+    unknown = sorted(set(args.content_fault_kinds) - set(CONTENT_FAULT_KINDS))
+    if unknown:
+        p.error(f"--content-fault-kinds: unknown {', '.join(unknown)}; expected {','.join(CONTENT_FAULT_KINDS)}")
+    if args.content_fault_share and args.vocab == "deepseek-v3":
+        p.error("--content-fault-share: the bad answers are Qwen3 replies; use --vocab qwen3 or qwen3.6")
     return args
 
 
