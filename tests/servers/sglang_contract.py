@@ -337,6 +337,8 @@ _LOOP_SENTENCE = tuple(_WORD_IDS[:8]) + (_PERIOD[0],)
 def faulty_reply(kind: str, input_ids: list[int], max_new_tokens: int) -> list[int]:
     """The planned bad reply of a content fault (Qwen3 ids). Raises ValueError for an unknown kind."""
     if kind == "degenerate":
+        if input_ids[-2:] in ([THINK, NL], [QWEN36_IDS[THINK], NL]):  # the prompt opened the thought
+            return [NL, END_THINK, NL2, _OK[0], _PERIOD[0], IM_END]
         return [THINK, NL2, END_THINK, NL2, _OK[0], _PERIOD[0], IM_END]
     if kind == "loop":
         return [THINK, NL, *(_LOOP_SENTENCE * 24), NL, END_THINK, NL2, *_THE_ANSWER_WORDS, _WORD_IDS[0], _PERIOD[0], IM_END]
