@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager
 
 from dqa.errors import InputError, RuntimeFailure, UsageError
-from .http_probe import answers_ok
+from ..http_probe import answers_ok
 
 SECONDS_PER_HOUR = 3600.0
 SECONDS_PER_DAY = 86400.0
@@ -556,10 +556,10 @@ def calibrate(
         raise UsageError(f"--sample {sample}: must be >= 1")
     urls = list(endpoints)
     if fleet is not None:
-        from .fleet_file import read_fleet
+        from ..fleet_file import read_fleet
 
         urls = read_fleet(fleet).urls
-    from .http_policy import HttpPolicy
+    from ..http_policy import HttpPolicy
 
     policy = HttpPolicy(ca_bundle)  # the same TLS trust and proxies as the regen run below
     if not any(answers_ok(u.rstrip("/") + "/health", 5.0, policy) for u in urls):
@@ -677,7 +677,7 @@ def make_plan(
     if gpus is not None and gpus < 1:
         raise UsageError(f"--gpus {gpus}: a fleet has at least 1 GPU")
     if i.fleet is not None:
-        from .fleet_file import read_fleet
+        from ..fleet_file import read_fleet
 
         fleet_rec = read_fleet(i.fleet)
         if gpus is None:
