@@ -11,7 +11,9 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from dqa.regen.plan import Plan, PlanResult, TurnCounts
+    from dqa.regen.plan import PlanResult
+    from dqa.regen.plan.budget import Plan
+    from dqa.regen.plan.counts import TurnCounts
 
 PRICE_HINT = "cost: give --gpu-hour-cost (or --fleet-hour-cost) to price the run"
 

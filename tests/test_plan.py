@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from dqa.errors import InputError, RuntimeFailure, UsageError
-from dqa.regen import plan as planmod
+from dqa.regen.plan import budget, counts
+from dqa.regen.plan import calibrate as calibration
 
 
 def _plan_json(cli, *args):
@@ -103,12 +104,12 @@ def test_quiet_plan_prints_nothing_and_still_checks_its_input(cli):
 
 
 def test_a_scenario_takes_the_default_gpu_hour_cost_unless_it_names_its_own():
-    s = planmod.parse_scenario("a:2:100", 10, 50.0, default_cost=2.0)
+    s = budget.parse_scenario("a:2:100", 10, 50.0, default_cost=2.0)
     assert (s.gpus, s.tok_per_gpu, s.gpu_hour_cost) == (2, 100.0, 2.0)
-    assert planmod.parse_scenario("a:2:100:$5", 10, 50.0, default_cost=2.0).gpu_hour_cost == 5.0
+    assert budget.parse_scenario("a:2:100:$5", 10, 50.0, default_cost=2.0).gpu_hour_cost == 5.0
     for bad in ("a:2", "a:x:100", "a:2:fast", ":2:100", "a:2:100:cheap"):
         with pytest.raises(UsageError, match="--scenario"):
-            planmod.parse_scenario(bad, 10, 50.0, None)
+            budget.parse_scenario(bad, 10, 50.0, None)
 
 
 def test_findings_folder_sets_the_sample_count_to_its_failing_rows(cli, tmp_path):
@@ -122,9 +123,9 @@ def test_findings_folder_sets_the_sample_count_to_its_failing_rows(cli, tmp_path
 def test_a_parquet_without_the_row_column_is_not_findings(tmp_path):
     pq.write_table(pa.table({"x": [1]}), tmp_path / "findings.parquet")
     with pytest.raises(InputError, match="'row' missing"):
-        planmod.count_findings(tmp_path)
+        counts.count_findings(tmp_path)
     with pytest.raises(InputError, match="no findings.parquet"):
-        planmod.count_findings(tmp_path / "nowhere")
+        counts.count_findings(tmp_path / "nowhere")
 
 
 def test_fleet_file_gives_the_gpu_count(cli, tmp_path):
@@ -170,12 +171,12 @@ def test_calibration_reads_rates_and_mean_output_from_progress_json():
         "elapsed_s": 70.2, "req_per_s": 5.6, "output_tok_per_s": 12_913.6, "mean_output_tokens": 2306,
         "endpoints": {f"http://h:{30000 + i}": {} for i in range(7)},
     }  # fmt: skip
-    c = planmod.calibration_from_progress(progress, sample=393, out=None)
+    c = calibration.calibration_from_progress(progress, sample=393, out=None)
     assert (c.req_per_s, c.mean_output_tokens, c.endpoints, c.failed) == (5.6, 2306, 7, 3)
-    p = planmod.compute(planmod.Scenario("measured", 913_786, c.mean_output_tokens, gpus=7, req_per_s=c.req_per_s))
+    p = budget.compute(budget.Scenario("measured", 913_786, c.mean_output_tokens, gpus=7, req_per_s=c.req_per_s))
     assert round(p.wall_hours) == 45
     with pytest.raises(RuntimeFailure, match="measured nothing"):
-        planmod.calibration_from_progress({"state": "failed", "done": 0, "ok": 0}, sample=8, out=None)
+        calibration.calibration_from_progress({"state": "failed", "done": 0, "ok": 0}, sample=8, out=None)
 
 
 @pytest.fixture()

@@ -13,7 +13,9 @@ import polars as pl
 import pytest
 
 from dqa.errors import InputError, UsageError
-from dqa.regen.plan import PlanInputs, count_turns, make_plan, read_model_config
+from dqa.regen.plan import PlanInputs, make_plan
+from dqa.regen.plan.counts import count_turns
+from dqa.regen.plan.storage import read_model_config
 from dqa.reports.plan_table import table_rows
 
 # Qwen3.6-27B's config.json as published (Qwen3_5ForConditionalGeneration: the language model's
