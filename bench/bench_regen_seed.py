@@ -23,8 +23,11 @@ Measured per contestant and round:
 - working time: progress.json ``elapsed_s`` after the resume (dqa adds up its sessions' working
   time; a killed session counts up to its last progress.json write, ~2 s granularity);
 - wall time of each session (process start to exit, start-up included) and their sum;
-- peak RSS of each session: ``ru_maxrss`` from ``os.wait4`` on the driver process (dqa regen
-  starts no child processes), and its CPU time (user + system) from the same rusage;
+- peak RSS of each session: the highest ``VmHWM`` of ``/proc/PID/status`` read every 50 ms while the
+  driver runs (dqa regen starts no child processes). Not ``ru_maxrss``: Linux carries the
+  high-water mark of the forking process across exec, so the child of this script (which holds the
+  built set, ~1.3 GiB) reported this script's peak, the same 1,333 MiB for every session. CPU time
+  (user + system) comes from ``os.wait4``'s rusage;
 - exactly-once: the shards' ``(row, turn)`` pairs are unique and their rows are exactly the
   findings' rows (795,292), the journal holds no records left, progress.json says ``finished``
   with done == total; and where the kill fell (rows with ``completed_at`` before the kill).
@@ -407,7 +410,9 @@ def run_session(cmd: list[str], env: dict, cwd: Path, out: Path, log: Path, kill
         proc = subprocess.Popen(cmd, env=env, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd)
         done_at_kill = killed_at = None
         counter = RecordCounter(out) if kill_at is not None else None
+        hwm_kib = 0
         while True:
+            hwm_kib = max(hwm_kib, _vm_hwm_kib(proc.pid))
             pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
@@ -423,7 +428,19 @@ def run_session(cmd: list[str], env: dict, cwd: Path, out: Path, log: Path, kill
             time.sleep(0.05)
         wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return Session(wall, proc.returncode, ru.ru_maxrss / 1024, ru.ru_utime + ru.ru_stime, done_at_kill, killed_at)
+    return Session(wall, proc.returncode, hwm_kib / 1024, ru.ru_utime + ru.ru_stime, done_at_kill, killed_at)
+
+
+def _vm_hwm_kib(pid: int) -> int:
+    """The process's peak resident set so far (``VmHWM``, KiB), or 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 @dataclass
