@@ -32,14 +32,14 @@ from merge_helpers import (
     write_shard,
 )
 
-import functools
-
-from dqa.regen.merge import PROVENANCE_COLUMN, report_path
+from dqa.regen.merge import PROVENANCE_COLUMN, MergeOptions, report_path
 from dqa.regen.merge import merge as _merge
+
 
 # These shards have no run.json: the rows keep the shards' masks. Length rows are accepted here
 # (the default, --accept ok, keeps their originals: tests/test_merge_multi_turn.py checks it).
-merge = functools.partial(_merge, accept=("ok", "length"))
+def merge(dataset, regen, out, **options):
+    return _merge(dataset, regen, out, MergeOptions(**{"accept": ("ok", "length"), **options}))
 
 N = 10
 REPLACED = {1: "ok", 4: "ok", 7: "length"}
@@ -304,7 +304,8 @@ def test_shard_row_groups_are_read_once_when_shards_follow_dataset_order(tmp_pat
     serves several input batches is decoded once."""
     from dqa.audit.readers import open_dataset
     from dqa.audit.writers import DatasetWriter
-    from dqa.regen.merge import Merger, load_regen_index
+    from dqa.regen.merge.index import load_regen_index
+    from dqa.regen.merge.tokens import Merger
 
     ids = ids_of(N)
     src = write_dataset(base_table(rows, ids), tmp_path / "d.parquet", "parquet")

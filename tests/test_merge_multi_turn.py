@@ -105,7 +105,7 @@ def test_rebuild_in_convention_masks_each_convention():
     import numpy as np
 
     from dqa.audit.template import load_template
-    from dqa.regen.merge import Convention, rebuild_in_convention
+    from dqa.regen.merge.convention import Convention, rebuild_in_convention
 
     fmt = load_template("qwen3", decode=False)
     H, E, NL, T = [151644, 77091, 198], 151645, 198, 151667
@@ -139,7 +139,7 @@ def test_the_convention_is_read_from_the_scans_conventions():
     trained) and axolotl's ``train_on_eos: none`` (end of turn untrained); an older summary without
     those keys reads as the common case."""
     from dqa.audit.template import load_template
-    from dqa.regen.merge import Convention
+    from dqa.regen.merge.convention import Convention
 
     fmt = load_template("qwen3", decode=False)
     trl = Convention.from_detected({"trained_turns": "all", "post_eot_trained": None, "header_includes_think": None,
@@ -163,7 +163,8 @@ def test_a_journal_record_of_a_run_before_multi_turn_replaces_the_final_assistan
     import numpy as np
 
     from dqa.regen.journal import FIXED, FRAME, decode_segment, results_table, shard_path, write_table
-    from dqa.regen.merge import _turn_outputs, load_regen_index
+    from dqa.regen.merge.conversations import _turn_outputs
+    from dqa.regen.merge.index import load_regen_index
 
     meta = _json.dumps(["c", "ok", "stop", None, "e", "m", "{}"]).encode()  # the old 7-field meta
     prompt, output = np.array([1, 2, 3], np.int32), np.array([7, 8], np.int32)
@@ -182,7 +183,7 @@ def test_a_turn_recorded_twice_is_refused(tmp_path):
 
     from dqa.errors import RuntimeFailure
     from dqa.regen.journal import Result, results_table, shard_path, write_table
-    from dqa.regen.merge import load_regen_index
+    from dqa.regen.merge.index import load_regen_index
 
     def rec(turn):
         return Result(3, "c", np.array([1, 2], np.int32), np.array([5], np.int32), "ok", "stop", None, "e", 1, 0.1, "m", "{}", 1,

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from merge_helpers import SHARD_SCHEMA, WHEN, write_dataset
 
-from dqa.regen.merge import merge
+from dqa.regen.merge import MergeOptions, merge
 
 token_list = st.lists(st.integers(0, 151_000), min_size=1, max_size=10)
 
@@ -100,7 +100,8 @@ def test_merge_equals_the_row_by_row_reference(case):
                            row_group_size=2)
         out = d / ("new" + name[1:])
 
-        merge(src, [regen], out, failed=case["failed"], batch_rows=case["batch_rows"], cache_bytes=64, accept=("ok", "length"))
+        merge(src, [regen], out, MergeOptions(failed=case["failed"], batch_rows=case["batch_rows"], cache_bytes=64,
+                                              accept=("ok", "length")))
 
         from merge_helpers import read_back
 

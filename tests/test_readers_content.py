@@ -421,13 +421,13 @@ def test_merge_writes_a_specforge_cache_back_in_its_layout_and_specforge_loads_i
 
 def test_merge_of_a_sharded_cache_folder_keeps_its_file_names(merge_rows, tmp_path):
     from dqa.audit.readers import open_dataset
-    from dqa.regen.merge import merge
+    from dqa.regen.merge import MergeOptions, merge
 
     rows = merge_rows
     specforge_cache(tmp_path / "cache", rows, num_proc=2, min_loss_tokens=1)  # SpecForge's filter, as by default
     out = tmp_path / "new"
-    summary = merge(tmp_path / "cache", [regen_folder(tmp_path / "regen", rows)], out, batch_rows=3,
-                    accept=("ok", "length"))
+    summary = merge(tmp_path / "cache", [regen_folder(tmp_path / "regen", rows)], out,
+                    MergeOptions(batch_rows=3, accept=("ok", "length")))
     assert summary.replaced == 2 and summary.format == "arrow-stream"
     assert sorted(p.name for p in out.glob("*.pkl")) == ["key_00000_of_00002.pkl", "key_00001_of_00002.pkl"]
     back = [b for b in open_dataset(out).batches()]

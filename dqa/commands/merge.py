@@ -78,7 +78,7 @@ def merge(
 def _run(dataset, regen, out, failed, force, check_prompts, batch_rows, ids_column, mask_column, labels_column,
          id_column, as_json, quiet, accept="ok") -> int:
     from dqa.errors import UsageError
-    from dqa.regen.merge import ACCEPT_CHOICES
+    from dqa.regen.merge import ACCEPT_CHOICES, MergeOptions
     from dqa.regen.merge import merge as run_merge
 
     if failed not in ("keep", "drop"):
@@ -109,11 +109,11 @@ def _run(dataset, regen, out, failed, force, check_prompts, batch_rows, ids_colu
     try:
         if progress is not None:
             progress.start()
-        summary = run_merge(
-            dataset, regen, out, failed=failed, force=force, batch_rows=batch_rows, check_prompts=check_prompts,
+        summary = run_merge(dataset, regen, out, MergeOptions(
+            failed=failed, force=force, batch_rows=batch_rows, check_prompts=check_prompts,
             ids_column=ids_column, mask_column=mask_column, labels_column=labels_column, id_column=id_column,
             on_batch=on_batch, on_start=on_start, accept=accepted,
-        )
+        ))
     except OSError as exc:  # writing NEW failed (disk full ...): name it in the one-line error
         from dqa.atomic import named_os_error
 
