@@ -262,12 +262,16 @@ def set_aside_trained_headers(metrics: pl.DataFrame, conventions: dict[str, Any]
 
 
 def run_scan(
-    dataset: str | Path,
+    dataset: str | Path | Dataset,
     out_dir: str | Path | None = None,
     options: ScanOptions | None = None,
     progress: ProgressFn | None = None,
 ) -> ScanResult:
     """Scan ``dataset`` and write the scan folder to ``out_dir`` (default ``default_out_dir``).
+
+    ``dataset`` is a path (a file or folder ``open_dataset`` reads) or an opened ``Dataset``
+    (``dqa.audit.table_reader.open_table``: a table in memory; its column options are the ones
+    it was opened with, and ``out_dir`` should be given).
 
     A folder holding another dataset's scan is refused; a rescan of the same dataset replaces
     the scan files, keeps what other commands put in the folder, and drops the validation,
@@ -291,7 +295,10 @@ def run_scan(
     workers = 1 if options.workers is None else options.workers
     if workers < 1:
         raise InputError(f"--workers {workers}: expected at least 1")
-    ds = open_dataset(dataset, options.ids_column, options.mask_column, options.labels_column, options.id_column)
+    if isinstance(dataset, Dataset):  # opened already: an in-memory table (dqa.audit.table_reader), named by its label
+        ds, dataset = dataset, dataset.path
+    else:
+        ds = open_dataset(dataset, options.ids_column, options.mask_column, options.labels_column, options.id_column)
     spec = load_template(options.tokenizer)
     ds.set_chat_format(spec, options.last_turn_only)  # conversation JSONL is rendered and masked with it
     tables = KernelTables.build(spec)

@@ -34,3 +34,14 @@ class RuntimeFailure(DqaError):
     """The run could not finish: fleet unreachable, disk full, interrupted."""
 
     exit_code = EXIT_RUNTIME
+
+
+class RegenStopped(RuntimeFailure):
+    """A regeneration ended before every selected row was recorded (interrupted, fleet down, a request
+    every server rejects, every request failed); rerunning resumes it. ``result`` is the run's
+    ``RunResult`` (``progress`` says how far it got); ``exit_code`` the code the CLI exits with."""
+
+    def __init__(self, message: str, result: object = None, exit_code: int = EXIT_RUNTIME):
+        super().__init__(message)
+        self.result = result
+        self.exit_code = exit_code

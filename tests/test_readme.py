@@ -1,6 +1,6 @@
-"""Every shell command in README.md runs as written from the repository root.
+"""Every shell command and Python example in README.md runs as written from the repository root.
 
-Each ```bash block of the README is preceded by a marker, invisible on GitHub:
+Each ```bash and ```python block of the README is preceded by a marker, invisible on GitHub:
 
     <!-- readme-test: run -->            the test runs the block
     <!-- readme-test: skip: REASON -->   it needs what CI has not (GPUs, model folders, your own data)
@@ -9,7 +9,8 @@ A block without a marker fails the test, so a new example cannot slip in untried
 blocks execute in README order, in one copy of the repository's files (what a fresh clone
 has), with this environment's `dqa` and `python` on PATH, after the quick start's data build.
 Each command must exit 0, or the code its trailing comment names (`# exit 1 ...`); a command
-ending in `&` runs in the background of its block.
+ending in `&` runs in the background of its block. A ```python block is one command: its whole
+text, run by `python -` (it must exit 0: an assert that fails, fails it).
 """
 
 from __future__ import annotations
@@ -34,22 +35,32 @@ class Block:
     line: int  # 1-based line of the opening fence
     action: str  # "run" or "skip"
     why: str
-    commands: list[tuple[int, str]]  # (line, command) with continuations joined, comments kept
+    commands: list[tuple[int, str]]  # (line, command) with continuations joined, comments kept; python: one, the whole text
+    lang: str = "bash"  # "bash" or "python"
 
 
 def readme_blocks(text: str) -> list[Block]:
-    """The README's ```bash blocks with their markers; raises AssertionError for an unmarked block."""
+    """The README's ```bash and ```python blocks with their markers; raises AssertionError for an unmarked block."""
     lines = text.splitlines()
     blocks, i = [], 0
     while i < len(lines):
-        if lines[i].strip() != "```bash":
+        if lines[i].strip() not in ("```bash", "```python"):
             i += 1
             continue
+        lang = lines[i].strip()[3:]
         prev = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
         m = MARKER.search(prev)
-        assert m, f"README.md:{i + 1}: a ```bash block without a <!-- readme-test: run|skip: why --> marker"
+        assert m, f"README.md:{i + 1}: a ```{lang} block without a <!-- readme-test: run|skip: why --> marker"
         start, i = i + 1, i + 1
         commands: list[tuple[int, str]] = []
+        if lang == "python":
+            while lines[i].strip() != "```":
+                i += 1
+            body = "\n".join(lines[start:i])
+            commands = [(start + 1, body)] if body.strip() else []
+            blocks.append(Block(start, "run" if m.group(1) == "run" else "skip", m.group("why") or "", commands, lang))
+            i += 1
+            continue
         pending = ""
         while lines[i].strip() != "```":
             line = lines[i]
@@ -69,6 +80,10 @@ def readme_blocks(text: str) -> list[Block]:
 def block_script(block: Block) -> str:
     """A bash script running each command and stopping at the first unexpected exit code."""
     out = ["set -u"]
+    if block.lang == "python":
+        (line, body), = block.commands
+        return "\n".join([*out, f"python - <<'README_PY'\n{body}\nREADME_PY",
+                          f"rc=$?\nif [ $rc != 0 ]; then echo 'README.md:{line}: python exit '$rc', expected 0' >&2; exit 99; fi"])
     for line, cmd in block.commands:
         code = EXPECTED_EXIT.search(cmd.splitlines()[-1])
         body = re.sub(r"\s+#[^\n]*$", "", cmd)
@@ -90,6 +105,7 @@ def test_every_bash_block_is_marked_and_skips_say_why():
         if b.action == "skip":
             assert len(b.why) > 10, f"README.md:{b.line}: a skip needs a reason"
     assert sum(b.action == "run" for b in blocks) >= 5
+    assert any(b.lang == "python" and b.action == "run" for b in blocks), "the From Python example is not run"
 
 
 def repo_copy(dest: Path) -> Path:

@@ -52,33 +52,23 @@ def gate(
 @handles_errors
 def _run(release, baseline, suite, out, fail_on, max_row_drop, max_row_growth, max_failing_share_increase, max_ks, ks_alpha,
          max_ids, no_docs, tokenizer, thinking, as_json, quiet) -> int:
+    from dqa import api
     from dqa.commands.validate import scan_progress
     from dqa.errors import UsageError
-    from dqa.expectations.gate import DriftThresholds, gate_release
     from dqa.reports.markdown_validation import append_step_summary
 
     if release is None:
         raise UsageError("missing RELEASE (a dataset or a scan folder; see dqa gate --help)")
-    for name, value in (("--max-row-drop", max_row_drop), ("--max-failing-share-increase", max_failing_share_increase),
-                        ("--max-ks", max_ks)):
-        if not 0.0 <= value <= 1.0:
-            raise UsageError(f"{name} {value}: expected a share between 0 and 1")
-    if max_row_growth is not None and max_row_growth < 0:
-        raise UsageError(f"--max-row-growth {max_row_growth}: expected 0 or more")
-    if not 0.0 < ks_alpha < 1.0:
-        raise UsageError(f"--ks-alpha {ks_alpha}: expected a probability between 0 and 1")
-    if max_ids < 0:
-        raise UsageError("--max-ids must be 0 or more")
-    thr = DriftThresholds(max_row_drop, max_row_growth, max_failing_share_increase, max_ks, ks_alpha)
-    result = gate_release(release, baseline, suite, out, fail_on, thr, tokenizer, thinking, docs=not no_docs, max_ids=max_ids,
-                          progress=scan_progress(quiet or as_json))
-    out_dir = Path(result["outputs"]["junit"]).parent
-    append_step_summary((Path(out_dir) / "gate.md").read_text(encoding="utf-8"))
+    result = api.gate(release, baseline, suite=suite, out=out, fail_on=fail_on, max_ids=max_ids, docs=not no_docs,
+                      tokenizer=tokenizer, thinking=thinking, progress=scan_progress(quiet or as_json),
+                      max_row_drop=max_row_drop, max_row_growth=max_row_growth,
+                      max_failing_share_increase=max_failing_share_increase, max_ks=max_ks, ks_alpha=ks_alpha)
+    append_step_summary((result.out_dir / "gate.md").read_text(encoding="utf-8"))
     if as_json:
-        sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
+        sys.stdout.write(json.dumps(result.report, indent=2, default=str) + "\n")
     elif not quiet:
-        _print(result, str(out_dir))
-    return EXIT_OK if result["verdict"] == "pass" else EXIT_QUALITY
+        _print(result.report, str(result.out_dir))
+    return EXIT_OK if result.passed else EXIT_QUALITY
 
 
 def _print(result: dict, out_dir: str) -> None:

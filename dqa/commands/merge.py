@@ -77,17 +77,8 @@ def merge(
 @handles_errors
 def _run(dataset, regen, out, failed, force, check_prompts, batch_rows, ids_column, mask_column, labels_column,
          id_column, as_json, quiet, accept="ok") -> int:
-    from dqa.errors import UsageError
-    from dqa.regen.merge import ACCEPT_CHOICES, MergeOptions
-    from dqa.regen.merge import merge as run_merge
+    from dqa import api
 
-    if failed not in ("keep", "drop"):
-        raise UsageError(f"--failed {failed}: expected keep or drop")
-    accepted = [a.strip() for a in accept.split(",") if a.strip()]
-    if not accepted or "ok" not in accepted or any(a not in ACCEPT_CHOICES for a in accepted):
-        raise UsageError(f"--accept {accept}: expected ok or ok,length")
-    if batch_rows < 1:
-        raise UsageError(f"--batch-rows {batch_rows}: expected a positive number")
     progress = None
     task = None
     on_start = on_batch = None
@@ -96,28 +87,22 @@ def _run(dataset, regen, out, failed, force, check_prompts, batch_rows, ids_colu
 
         from dqa.commands.common import console
 
-        progress = Progress(TextColumn("merging"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=console(stderr=True), transient=True)
-
-        def on_start(total):  # noqa: ANN001
-            nonlocal task
+        def on_start(total):  # noqa: ANN001  (after the inputs are checked: the bar appears then)
+            nonlocal progress, task
+            progress = Progress(TextColumn("merging"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                console=console(stderr=True), transient=True)
+            progress.start()
             task = progress.add_task("merge", total=total)
 
         def on_batch(rows):  # noqa: ANN001
             progress.advance(task, rows)
 
     try:
-        if progress is not None:
-            progress.start()
-        summary = run_merge(dataset, regen, out, MergeOptions(
-            failed=failed, force=force, batch_rows=batch_rows, check_prompts=check_prompts,
-            ids_column=ids_column, mask_column=mask_column, labels_column=labels_column, id_column=id_column,
-            on_batch=on_batch, on_start=on_start, accept=accepted,
-        ))
-    except OSError as exc:  # writing NEW failed (disk full ...): name it in the one-line error
-        from dqa.atomic import named_os_error
-
-        raise named_os_error(exc, out) from exc
+        summary = api.merge(
+            dataset, regen, out, failed=failed, accept=accept, batch_rows=batch_rows, force=force,
+            check_prompts=check_prompts, ids_column=ids_column, mask_column=mask_column, labels_column=labels_column,
+            id_column=id_column, on_batch=on_batch, on_start=on_start,
+        )
     finally:
         if progress is not None:
             progress.stop()

@@ -65,10 +65,9 @@ def regen(
 ) -> None:
     import json
 
-    from dqa.errors import DqaError
-    from dqa.regen.run import (DatasetSpec, DispatchSpec, OutputSpec, RegenConfig, Retries, SamplingSpec, Selection, Timeouts,
-                               regenerate)
-    from dqa.regen.urls import strip_userinfo
+    from dqa import api
+    from dqa.errors import RegenStopped
+    from dqa.regen.run import DatasetSpec, DispatchSpec, OutputSpec, RegenConfig, Retries, SamplingSpec, Selection, Timeouts
 
     # Each group checks its own options (UsageError, exit 2) before anything is read.
     output = OutputSpec(out, mirror=tuple(mirror), shard_rows=shard_rows)
@@ -90,12 +89,11 @@ def regen(
         live=False if quiet else None,
         log=(lambda msg: None) if quiet else None,
     )
+    stopped = None
     try:
-        result = regenerate(cfg)
-    except DqaError as exc:  # an --out/--mirror URL may carry credentials: never print them
-        raise type(exc)(strip_userinfo(str(exc))) from None
-    except OSError as exc:
-        raise OSError(exc.errno, strip_userinfo(exc.strerror or str(exc)), strip_userinfo(str(exc.filename or ""))) from None
+        result = api.regenerate(config=cfg)
+    except RegenStopped as exc:  # the run's progress is still printed (--json), then its one-line error
+        stopped, result = exc, exc.result
     # The run's files are final: a late Ctrl-C/SIGTERM must not turn this exit into a signal death.
     import signal
 
@@ -103,12 +101,12 @@ def regen(
         signal.signal(sig, signal.SIG_IGN)
     if json_out:
         typer.echo(json.dumps(result.progress, indent=2))
-    elif not quiet and result.exit_code == 0:
+    elif not quiet and stopped is None:
         typer.echo(_summary(result.progress, result.out))
-    if result.exit_code != 0:
+    if stopped is not None:
         from dqa.commands.common import fail
 
-        fail(result.message, result.exit_code)
+        fail(str(stopped), stopped.exit_code)
 
 
 def _summary(p: dict, out: str) -> str:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Iterator, List, Optional
 
 import typer
 
@@ -82,52 +83,29 @@ def scan(
 @handles_errors
 def _run(dataset, tokenizer, out, ids_column, mask_column, labels_column, id_column, thinking, checks, skip, config,
          set_, max_fail_share, batch_rows, as_json, quiet, last_turn_only=False) -> int:
-    from dqa.audit import checks as checks_mod
-    from dqa.audit.scan import ScanOptions, default_out_dir, run_scan
+    from dqa import api
     from dqa.errors import UsageError
 
     if dataset is None:
         raise UsageError("missing DATASET (see dqa scan --help)")
     if not 0.0 <= max_fail_share <= 1.0:
         raise UsageError(f"--max-fail-share {max_fail_share}: expected a share between 0 and 1")
-    if batch_rows < 1:
-        raise UsageError("--batch-rows must be at least 1")
-    overrides: dict = {}
-    if config is not None:
-        for k, v in checks_mod.load_config(str(config)).items():
-            overrides.setdefault(k, {}).update(v)
-    for k, v in checks_mod.parse_set(set_).items():
-        overrides.setdefault(k, {}).update(v)
-    options = ScanOptions(
-        tokenizer=tokenizer,
-        ids_column=ids_column,
-        mask_column=mask_column,
-        labels_column=labels_column,
-        id_column=id_column,
-        thinking=thinking,
-        only=[c.strip() for c in checks.split(",") if c.strip()] if checks else None,
-        skip=[c.strip() for c in skip.split(",") if c.strip()] if skip else [],
-        overrides=overrides,
-        batch_rows=batch_rows,
-        last_turn_only=last_turn_only,
-    )
-    out_dir = out or default_out_dir(dataset)
-    _check_before_tokenizer(dataset, out_dir)
     show = stderr_is_tty() and not quiet and not as_json
-    if show:
-        result = _scan_with_progress(dataset, out_dir, options)
-    else:
-        result = run_scan(dataset, out_dir, options)
+    with _progress_bar(show) as (on_start, update):
+        result = api.scan(dataset, tokenizer, out=out, checks=checks, skip=skip, config=config, thresholds=set_,
+                          progress=update, on_start=on_start, ids_column=ids_column, mask_column=mask_column,
+                          labels_column=labels_column, id_column=id_column, thinking=thinking, batch_rows=batch_rows,
+                          last_turn_only=last_turn_only)
     summary = result.summary
     if result.dropped and not quiet:
-        _note_dropped(out_dir, result.dropped)
+        _note_dropped(result.out_dir, result.dropped)
     if as_json:
         sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
     elif not quiet:
         from dqa.reports.scan_terminal import print_scan_table
 
         # The table is the command's result: stdout, so it can be piped or saved.
-        print_scan_table(summary, str(out_dir), console(stderr=False))
+        print_scan_table(summary, str(result.out_dir), console(stderr=False))
     return EXIT_QUALITY if summary["failing_share"] > max_fail_share else EXIT_OK
 
 
@@ -137,41 +115,34 @@ def _note_dropped(out_dir: Path, dropped: list[str]) -> None:
                err=True)
 
 
-def _check_before_tokenizer(dataset: Path, out_dir: Path) -> None:
-    """Refuse a missing dataset or an unusable --out before anything loads a tokenizer.
-
-    ``run_scan`` checks these too (the same calls), but the output folder only after the
-    template (with a tokenizer folder, ``tokenizer.json``) is loaded; a usage error should not
-    wait for that. Check names and --thinking are checked by ``run_scan`` before the load.
-    """
-    from dqa import atomic
-    from dqa.audit import identity
-    from dqa.audit.scan import is_scan_folder
-    from dqa.errors import InputError
-
-    if not Path(dataset).exists():
-        raise InputError(f"{dataset}: no such file or folder")
-    out = Path(out_dir)
-    atomic.check_output_dir(out, [Path(dataset)], is_scan_folder, "dqa scan folder")
-    identity.check_scan_folder(out, dataset, identity.read_summary(out) if is_scan_folder(out) else None)
-
-
-def _scan_with_progress(dataset, out_dir, options):
+@contextlib.contextmanager
+def _progress_bar(show: bool) -> Iterator[tuple[Any, Any]]:
+    """``(on_start, update)`` callbacks of ``dqa.scan`` drawing a transient progress bar on stderr,
+    or ``(None, None)`` when ``show`` is false."""
+    if not show:
+        yield None, None
+        return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from dqa.audit.readers import open_dataset
-    from dqa.audit.scan import run_scan
-
-    total = open_dataset(dataset, options.ids_column, options.mask_column, options.labels_column, options.id_column).num_rows
     columns = [TextColumn("scanning"), BarColumn(), MofNCompleteColumn(), TextColumn("rows · {task.fields[tok]} tokens"),
                TimeElapsedColumn(), TimeRemainingColumn()]
-    with Progress(*columns, console=console(stderr=True), transient=True) as bar:
+    bar: Progress | None = None
+    task = None
+
+    def on_start(total: int | None) -> None:  # after the options and paths are checked: the bar appears then
+        nonlocal bar, task
+        bar = Progress(*columns, console=console(stderr=True), transient=True)
+        bar.start()
         task = bar.add_task("scan", total=total, tok="0")
 
-        def update(rows: int, tokens: int) -> None:
-            bar.update(task, completed=rows, tok=f"{tokens:,}")
+    def update(rows: int, tokens: int) -> None:
+        bar.update(task, completed=rows, tok=f"{tokens:,}")
 
-        return run_scan(dataset, out_dir, options, progress=update)
+    try:
+        yield on_start, update
+    finally:
+        if bar is not None:
+            bar.stop()
 
 
 def register(app: typer.Typer) -> None:
