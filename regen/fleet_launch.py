@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from dqa.errors import InputError, RuntimeFailure, UsageError
+from dqa.regen.config import DEFAULT_CONTEXT_LENGTH, DEFAULT_MAX_RUNNING_REQUESTS
 
 from .fleet_file import Endpoint, redact
 from .http_probe import answers_ok
@@ -64,8 +65,8 @@ class LaunchSpec:
     host: str = "127.0.0.1"
     advertise_host: str | None = None
     port_base: int = 30000
-    context_length: int | None = 8192
-    max_running_requests: int | None = 48
+    context_length: int | None = DEFAULT_CONTEXT_LENGTH
+    max_running_requests: int | None = DEFAULT_MAX_RUNNING_REQUESTS
     reasoning_parser: str | None = "qwen3"
     enable_metrics: bool = True
     mtp: bool = False

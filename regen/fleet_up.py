@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Sequence
 
 from dqa.errors import InputError, RuntimeFailure, UsageError
+from dqa.regen.config import DEFAULT_CONTEXT_LENGTH, DEFAULT_MAX_RUNNING_REQUESTS
 
 from . import fleet_file as ff
 from . import fleet_launch as fl
@@ -60,8 +61,8 @@ class FleetSpec:
     port_base: int = 30000
     host: str = "127.0.0.1"
     advertise_host: str | None = None
-    context_length: int = 8192
-    max_running_requests: int = 48
+    context_length: int = DEFAULT_CONTEXT_LENGTH
+    max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS
     reasoning_parser: str = "qwen3"
     metrics: bool = True
     python: str | None = None

@@ -78,6 +78,7 @@ from dqa.arrays import ranks as _ranks
 from dqa.audit import formats
 from dqa.audit.readers import IGNORE_INDEX, _is_int_list, flatten_token_lists, is_nested_list, nest_token_lists
 from dqa.errors import InputError, RuntimeFailure
+from dqa.regen.config import DEFAULT_MERGE_BATCH_ROWS, parse_shard
 from dqa.regen.run_folder import STATUSES, RunFolder, RunManifest, ShardStatus
 
 PROVENANCE_COLUMN = "dqa_regen"
@@ -224,7 +225,7 @@ def read_run_selection(d: Path) -> RunSelection:
     sel, ds_rows = manifest.selection, manifest.dataset_rows
     if sel is None or ds_rows is None:
         return RunSelection(None, ds_rows, f"{run}: no selection recorded; only failed shard rows are listed")
-    from dqa.regen.selection import narrow, parse_shard, selected_rows, selection_digest
+    from dqa.regen.selection import narrow, selected_rows, selection_digest
 
     failed_only = bool(sel.get("failed_only", True))
     findings = Path(manifest.findings) if failed_only and manifest.findings else None
@@ -998,7 +999,7 @@ def merge(
     out: str | Path,
     failed: str = "keep",
     force: bool = False,
-    batch_rows: int = 2048,
+    batch_rows: int = DEFAULT_MERGE_BATCH_ROWS,
     check_prompts: bool = True,
     ids_column: str | None = None,
     mask_column: str | None = None,

@@ -48,11 +48,11 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager
 
 from dqa.errors import InputError, RuntimeFailure, UsageError
+from dqa.regen.config import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_TOKENIZER, DEFAULT_TURNS, TURN_MODES
 from .http_probe import answers_ok
 
 SECONDS_PER_HOUR = 3600.0
 SECONDS_PER_DAY = 86400.0
-TURN_MODES = ("flagged", "all", "last")
 DEFAULT_AUX_LAYERS = 3  # EAGLE-3 (SpecForge, speculators): three auxiliary layers, plus the final one
 # Bytes per value of a hidden state by config dtype; FP8/INT checkpoints still compute (and so
 # store) activations in their compute dtype, named by torch_dtype/dtype (bfloat16 for them all).
@@ -246,7 +246,7 @@ class TurnCounts:
         return {**asdict(self), "selected": self.selected}
 
 
-def count_turns(path: str | Path, mode: str = "flagged") -> TurnCounts | None:
+def count_turns(path: str | Path, mode: str = DEFAULT_TURNS) -> TurnCounts | None:
     """Count the failing samples of a scan (``path``: the folder or its findings.parquet) in turns.
 
     Reads ``findings.parquet`` (``row``, ``turns``) and, next to it, ``metrics.parquet``
@@ -535,9 +535,9 @@ def calibrate(
     endpoints: list[str],
     out: str | Path | None = None,
     protocol: str | None = None,
-    max_new_tokens: int = 8192,
-    max_in_flight: int = 48,
-    tokenizer: str = "qwen3",
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    tokenizer: str = DEFAULT_TOKENIZER,
     down_deadline: float = 120.0,
     ca_bundle: str | None = None,
 ) -> Calibration:
@@ -550,7 +550,8 @@ def calibrate(
     """
     import tempfile
 
-    from dqa.regen.run import DatasetSpec, DispatchSpec, OutputSpec, RegenConfig, SamplingSpec, Selection, Timeouts, regenerate
+    from dqa.regen.config import DatasetSpec, DispatchSpec, OutputSpec, RegenConfig, SamplingSpec, Selection, Timeouts
+    from dqa.regen.run import regenerate
 
     if sample < 1:
         raise UsageError(f"--sample {sample}: must be >= 1")
@@ -621,8 +622,8 @@ class PlanInputs:
     dataset: str | Path | None = None
     calibrate_out: str | Path | None = None
     protocol: str | None = None
-    max_new_tokens: int = 8192
-    turns: str = "flagged"
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    turns: str = DEFAULT_TURNS
     model: str | Path | None = None
     aux_layers: int = DEFAULT_AUX_LAYERS
     storage_tokens: float | None = None

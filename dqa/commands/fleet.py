@@ -10,6 +10,7 @@ from typing import List, Optional
 import typer
 
 from dqa.commands.common import console, handles_errors, help_text, stderr_is_tty
+from dqa.regen.config import DEFAULT_CONTEXT_LENGTH, DEFAULT_MAX_RUNNING_REQUESTS
 from dqa.regen.fleet_file import DEFAULT_FLEET_FILE as DEFAULT_FLEET
 
 fleet_app = typer.Typer(
@@ -58,8 +59,8 @@ def up(
     advertise_host: Optional[str] = typer.Option(
         None, "--advertise-host", help="Host name written into endpoint URLs (default: the bind host, or this machine's address for 0.0.0.0)."
     ),
-    context_length: int = typer.Option(8192, "--context-length", help="SGLang --context-length (0: the model's own)."),
-    max_running_requests: int = typer.Option(48, "--max-running-requests", help="SGLang concurrent requests per server (0: SGLang's default)."),
+    context_length: int = typer.Option(DEFAULT_CONTEXT_LENGTH, "--context-length", help="SGLang --context-length (0: the model's own)."),
+    max_running_requests: int = typer.Option(DEFAULT_MAX_RUNNING_REQUESTS, "--max-running-requests", help="SGLang concurrent requests per server (0: SGLang's default)."),
     reasoning_parser: str = typer.Option("qwen3", "--reasoning-parser", help="SGLang --reasoning-parser ('none' to leave it off)."),
     metrics: bool = typer.Option(True, "--metrics/--no-metrics", help="SGLang --enable-metrics (Prometheus /metrics for `fleet status`)."),
     python: Optional[str] = typer.Option(None, "--python", help="Python that has sglang (default: the one running dqa)."),

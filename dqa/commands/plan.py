@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from dqa.commands.common import console, handles_errors, help_text, stderr_is_tty
+from dqa.regen.config import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TURNS
 
 
 @handles_errors
@@ -42,10 +43,10 @@ def plan(
     protocol: Optional[str] = typer.Option(
         None, "--protocol", help="With --calibrate and --endpoint: sglang (default) or openai (e.g. transformers serve)."
     ),
-    max_new_tokens: int = typer.Option(8192, "--max-new-tokens", help="With --calibrate: output limit per prompt (as in the real run)."),
+    max_new_tokens: int = typer.Option(DEFAULT_MAX_NEW_TOKENS, "--max-new-tokens", help="With --calibrate: output limit per prompt (as in the real run)."),
     ca_bundle: Optional[str] = typer.Option(None, "--ca-bundle", help="With --calibrate: CA certificates (PEM) that verify https:// servers (default: $SSL_CERT_FILE, $REQUESTS_CA_BUNDLE, else the system's)."),
     turns: str = typer.Option(
-        "flagged", "--turns",
+        DEFAULT_TURNS, "--turns",
         help="With --findings of a multi-turn set: the turns regen sends, as `dqa regen --turns`: flagged (from the first flagged turn on), all or last. Every mode's count is shown.",
     ),
     model: Optional[Path] = typer.Option(
