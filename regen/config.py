@@ -40,14 +40,31 @@ from dqa.errors import UsageError
 DEFAULT_MAX_NEW_TOKENS = 8192
 # Requests in flight per endpoint; `dqa fleet up --max-running-requests` matches it.
 DEFAULT_MAX_IN_FLIGHT = 48
-DEFAULT_MAX_RUNNING_REQUESTS = DEFAULT_MAX_IN_FLIGHT
-DEFAULT_CONTEXT_LENGTH = 8192  # `dqa fleet up --context-length`: SGLang's context per server
 DEFAULT_TOKENIZER = "qwen3"  # the chat format preset (--tokenizer)
 TURN_MODES = ("flagged", "all", "last")  # --turns: from the first flagged turn on, every turn, the last
 DEFAULT_TURNS = "flagged"
 PROTOCOLS = ("sglang", "openai")  # --protocol; the server kinds (dqa.regen.servers.KINDS) speak these
 DEFAULT_PROTOCOL = "sglang"  # without --protocol and without a fleet file that names one
-DEFAULT_MERGE_BATCH_ROWS = 2048  # `dqa merge --batch-rows`: rows per streamed batch
+
+# `dqa plan`: prompts a --calibrate run sends; auxiliary layers of offline hidden states (EAGLE-3
+# (SpecForge, speculators): three auxiliary layers, plus the final one).
+DEFAULT_CALIBRATE_SAMPLE = 32
+DEFAULT_AUX_LAYERS = 3
+
+# `dqa merge --batch-rows`: rows per streamed batch (memory is bounded by the batch).
+DEFAULT_MERGE_BATCH_ROWS = 2048
+
+# `dqa fleet up` (FleetSpec, LaunchSpec) and `dqa fleet status`.
+DEFAULT_ENGINE = "sglang"
+DEFAULT_GPUS = "0"
+DEFAULT_PORT_BASE = 30000  # GPU k of the list listens on port-base + k
+DEFAULT_BIND_HOST = "127.0.0.1"
+DEFAULT_CONTEXT_LENGTH = 8192  # SGLang's --context-length per server
+DEFAULT_MAX_RUNNING_REQUESTS = DEFAULT_MAX_IN_FLIGHT  # SGLang's concurrent requests per server: what regen sends
+DEFAULT_REASONING_PARSER = "qwen3"
+DEFAULT_MAMBA_EXTRA_BUFFER = "auto"  # auto | on | off
+DEFAULT_UP_TIMEOUT = 900.0  # seconds for every server to become healthy
+DEFAULT_STATUS_TIMEOUT = 3.0  # `dqa fleet status`: seconds per request
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:
@@ -324,6 +341,9 @@ def _groups_from_flat(options: dict[str, Any]) -> dict[str, Any]:
             "output": OutputSpec(**kw["output"])}
 
 
-__all__ = ["DEFAULT_CONTEXT_LENGTH", "DEFAULT_MAX_IN_FLIGHT", "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_MAX_RUNNING_REQUESTS",
-           "DEFAULT_MERGE_BATCH_ROWS", "DEFAULT_PROTOCOL", "DEFAULT_TOKENIZER", "DEFAULT_TURNS", "PROTOCOLS", "TURN_MODES",
+__all__ = ["DEFAULT_AUX_LAYERS", "DEFAULT_BIND_HOST", "DEFAULT_CALIBRATE_SAMPLE", "DEFAULT_CONTEXT_LENGTH", "DEFAULT_ENGINE",
+           "DEFAULT_GPUS", "DEFAULT_MAMBA_EXTRA_BUFFER", "DEFAULT_MAX_IN_FLIGHT", "DEFAULT_MAX_NEW_TOKENS",
+           "DEFAULT_MAX_RUNNING_REQUESTS", "DEFAULT_MERGE_BATCH_ROWS", "DEFAULT_PORT_BASE", "DEFAULT_PROTOCOL",
+           "DEFAULT_REASONING_PARSER", "DEFAULT_STATUS_TIMEOUT", "DEFAULT_TOKENIZER", "DEFAULT_TURNS", "DEFAULT_UP_TIMEOUT",
+           "PROTOCOLS", "TURN_MODES", "parse_shard",
            "DatasetSpec", "DispatchSpec", "OutputSpec", "RegenConfig", "Retries", "SamplingSpec", "Selection", "Timeouts"]

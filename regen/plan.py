@@ -48,12 +48,12 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager
 
 from dqa.errors import InputError, RuntimeFailure, UsageError
-from dqa.regen.config import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_TOKENIZER, DEFAULT_TURNS, TURN_MODES
+from dqa.regen.config import (DEFAULT_AUX_LAYERS, DEFAULT_CALIBRATE_SAMPLE, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_NEW_TOKENS,
+                              DEFAULT_TOKENIZER, DEFAULT_TURNS, TURN_MODES)
 from .http_probe import answers_ok
 
 SECONDS_PER_HOUR = 3600.0
 SECONDS_PER_DAY = 86400.0
-DEFAULT_AUX_LAYERS = 3  # EAGLE-3 (SpecForge, speculators): three auxiliary layers, plus the final one
 # Bytes per value of a hidden state by config dtype; FP8/INT checkpoints still compute (and so
 # store) activations in their compute dtype, named by torch_dtype/dtype (bfloat16 for them all).
 DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "float16": 2, "half": 2, "fp16": 2, "bfloat16": 2, "bf16": 2}
@@ -618,7 +618,7 @@ class PlanInputs:
     scenarios: tuple[str, ...] = ()
     calibrate: bool = False
     endpoints: tuple[str, ...] = ()
-    sample: int = 32
+    sample: int = DEFAULT_CALIBRATE_SAMPLE
     dataset: str | Path | None = None
     calibrate_out: str | Path | None = None
     protocol: str | None = None

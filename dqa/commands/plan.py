@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from dqa.commands.common import console, handles_errors, help_text, stderr_is_tty
-from dqa.regen.config import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TURNS
+from dqa.regen.config import DEFAULT_AUX_LAYERS, DEFAULT_CALIBRATE_SAMPLE, DEFAULT_MAX_NEW_TOKENS, DEFAULT_TURNS
 
 
 @handles_errors
@@ -35,7 +35,7 @@ def plan(
     ),
     calibrate: bool = typer.Option(False, "--calibrate", help="Measure throughput and output length with a short real regeneration first."),
     endpoint: List[str] = typer.Option([], "--endpoint", "-e", help="With --calibrate: a server URL (repeatable), instead of --fleet."),
-    sample: int = typer.Option(32, "--sample", "-k", help="With --calibrate: how many failing prompts to send."),
+    sample: int = typer.Option(DEFAULT_CALIBRATE_SAMPLE, "--sample", "-k", help="With --calibrate: how many failing prompts to send."),
     dataset: Optional[Path] = typer.Option(None, "--dataset", help="With --calibrate: the dataset the prompts come from."),
     calibrate_out: Optional[Path] = typer.Option(
         None, "--calibrate-out", help="With --calibrate: keep the regen output folder here (default: a temporary folder, removed)."
@@ -53,7 +53,7 @@ def plan(
         None, "--model",
         help="Model folder (or its config.json): size offline hidden states for drafter training, tokens x hidden_size x (aux layers + 1) x bytes.",
     ),
-    aux_layers: int = typer.Option(3, "--aux-layers", help="With --model: auxiliary layers captured besides the final one (EAGLE-3: 3)."),
+    aux_layers: int = typer.Option(DEFAULT_AUX_LAYERS, "--aux-layers", help="With --model: auxiliary layers captured besides the final one (EAGLE-3: 3)."),
     storage_tokens: Optional[float] = typer.Option(
         None, "--storage-tokens",
         help="With --model: tokens of the training set (default: from the scan of --findings, else samples x avg output tokens).",
