@@ -261,7 +261,8 @@ def run_dqa(dataset: Path, out: Path, endpoints: list[str], protocol: str, concu
     """dqa's ``regenerate(config)`` in this process, every row of ``dataset``; counts rows in the shards."""
     import pyarrow.parquet as pq
 
-    from dqa.regen.run import RegenConfig, regenerate
+    from dqa.regen.config import RegenConfig
+    from dqa.regen.run import regenerate
 
     shutil.rmtree(out, ignore_errors=True)
     config = RegenConfig(

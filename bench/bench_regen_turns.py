@@ -215,7 +215,8 @@ def run_dqa(dataset: Path, out: Path, url: str, model: str, tokenizer: str, conc
     """``regenerate(config)`` in this process: ``dqa regen DATA --all --turns all --protocol openai``."""
     import pyarrow.parquet as pq
 
-    from dqa.regen.run import RegenConfig, regenerate
+    from dqa.regen.config import RegenConfig
+    from dqa.regen.run import regenerate
 
     shutil.rmtree(out, ignore_errors=True)
     cfg = RegenConfig(dataset=str(dataset), out=str(out), endpoints=[url], protocol="openai", failed_only=False,

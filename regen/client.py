@@ -60,19 +60,6 @@ class Outcome:
     route: str = ""  # openai: servers.openai.TOKEN_EXACT or TEXT, the route the reply took ("" when not known)
 
 
-@dataclass
-class Sampling:
-    """Sampling parameters sent with every request (seed is per sample)."""
-
-    temperature: float = 0.6
-    top_p: float = 0.95
-    top_k: int = 20
-    max_new_tokens: int = 8192
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "max_new_tokens": self.max_new_tokens}
-
-
 class Job:
     """One selected row on its way through the fleet."""
 

@@ -1,4 +1,5 @@
-"""``RegenConfig``: every option of ``dqa regen``, as small checked objects.
+"""``RegenConfig``: every option of ``dqa regen``, as small checked objects, and the one home of
+regen's defaults.
 
 As httpx keeps ``Timeout`` and ``Limits`` apart from the client, a run's options come in groups,
 each frozen and checking its own fields when built (``UsageError``, exit 2, worded as the CLI
@@ -6,27 +7,78 @@ option):
 
 * ``DatasetSpec``: the dataset, its column overrides and the chat format (``--tokenizer``);
 * ``Selection``: which rows and turns (findings, reasons, ``--all``, shard, limit, turns, retry);
-* ``SamplingSpec``: what each request asks for (temperature, top_p, top_k, max_new_tokens, seed base);
+* ``SamplingSpec``: what each request asks for (temperature, top_p, top_k, max_new_tokens, seed
+  base); the server kinds' protocols send it as it is;
 * ``DispatchSpec``: the servers and how they are driven (endpoints or fleet, protocol, model, key,
   concurrency, cost figures) with ``Timeouts`` and ``Retries``;
 * ``OutputSpec``: where results go (``--out``, mirrors) and how often they are made durable.
 
+Every default is written once: a group field's default is the option's (the CLI reads it from
+the class, ``SamplingSpec.temperature``), and a default other modules share is a ``DEFAULT_*``
+name below (``DEFAULT_MAX_NEW_TOKENS``, ``DEFAULT_MAX_IN_FLIGHT``, the ``TURN_MODES`` ...). This
+module imports nothing from dqa but ``dqa.errors``, so the CLI reads it at load and every module
+may import it.
+
 ``RegenConfig(data=..., selection=..., ...)`` builds a config from the groups; the flat keyword
 form ``RegenConfig(dataset=..., out=..., endpoints=[...], max_in_flight=8, ...)`` (one keyword per
-option, the names of the earlier flat dataclass) is kept for in-process callers and tests.
+option, the names of the earlier flat dataclass, derived from the groups' fields) is kept for
+in-process callers and tests.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 from dqa.errors import UsageError
-from dqa.regen.prompts import TURN_MODES
-from dqa.regen.selection import parse_shard
 
-PROTOCOLS = ("sglang", "openai")
+# ------------------------------------------------------------------------ defaults shared by modules
+
+# Output token limit per request: covers the long tail of thinking traces; prompt + this must fit
+# the servers' context (`dqa regen`, `dqa plan --calibrate`).
+DEFAULT_MAX_NEW_TOKENS = 8192
+# Requests in flight per endpoint; `dqa fleet up --max-running-requests` matches it.
+DEFAULT_MAX_IN_FLIGHT = 48
+DEFAULT_TOKENIZER = "qwen3"  # the chat format preset (--tokenizer)
+TURN_MODES = ("flagged", "all", "last")  # --turns: from the first flagged turn on, every turn, the last
+DEFAULT_TURNS = "flagged"
+PROTOCOLS = ("sglang", "openai")  # --protocol; the server kinds (dqa.regen.servers.KINDS) speak these
+DEFAULT_PROTOCOL = "sglang"  # without --protocol and without a fleet file that names one
+
+# `dqa plan`: prompts a --calibrate run sends; auxiliary layers of offline hidden states (EAGLE-3
+# (SpecForge, speculators): three auxiliary layers, plus the final one).
+DEFAULT_CALIBRATE_SAMPLE = 32
+DEFAULT_AUX_LAYERS = 3
+
+# `dqa merge --batch-rows`: rows per streamed batch (memory is bounded by the batch).
+DEFAULT_MERGE_BATCH_ROWS = 2048
+
+# `dqa fleet up` (FleetSpec, LaunchSpec) and `dqa fleet status`.
+DEFAULT_ENGINE = "sglang"
+DEFAULT_GPUS = "0"
+DEFAULT_PORT_BASE = 30000  # GPU k of the list listens on port-base + k
+DEFAULT_BIND_HOST = "127.0.0.1"
+DEFAULT_CONTEXT_LENGTH = 8192  # SGLang's --context-length per server
+DEFAULT_MAX_RUNNING_REQUESTS = DEFAULT_MAX_IN_FLIGHT  # SGLang's concurrent requests per server: what regen sends
+DEFAULT_REASONING_PARSER = "qwen3"
+DEFAULT_MAMBA_EXTRA_BUFFER = "auto"  # auto | on | off
+DEFAULT_UP_TIMEOUT = 900.0  # seconds for every server to become healthy
+DEFAULT_STATUS_TIMEOUT = 3.0  # `dqa fleet status`: seconds per request
+
+
+def parse_shard(text: str | None) -> tuple[int, int]:
+    """``"i/N"`` -> ``(i, N)``; None -> ``(0, 1)``. Raises ``UsageError`` unless ``0 <= i < N``."""
+    if not text:
+        return 0, 1
+    try:
+        a, b = text.split("/")
+        i, n = int(a), int(b)
+    except ValueError:
+        raise UsageError(f"--shard {text!r}: expected i/N, e.g. 0/4") from None
+    if n < 1 or not 0 <= i < n:
+        raise UsageError(f"--shard {text!r}: expected 0 <= i < N")
+    return i, n
 
 
 @dataclass(frozen=True)
@@ -34,12 +86,12 @@ class DatasetSpec:
     """The dataset (a path or URL as ``dqa scan`` takes it), the column overrides given (None:
     detected) and the chat format (a tokenizer folder or the preset ``qwen3``)."""
 
-    path: str
+    path: str = field(metadata={"flat": "dataset"})
     ids_column: str | None = None
     mask_column: str | None = None
     labels_column: str | None = None
     id_column: str | None = None
-    tokenizer: str | None = "qwen3"
+    tokenizer: str | None = DEFAULT_TOKENIZER
 
     def __post_init__(self) -> None:
         if isinstance(self.path, os.PathLike):
@@ -65,7 +117,7 @@ class Selection:
     reasons: tuple[str, ...] | None = None
     limit: int | None = None
     shard: str | None = None
-    turns: str = "flagged"
+    turns: str = DEFAULT_TURNS
     retry_failed: bool = False
 
     def __post_init__(self) -> None:
@@ -84,24 +136,22 @@ class Selection:
 @dataclass(frozen=True)
 class SamplingSpec:
     """Sampling sent with every request (defaults: Qwen3's thinking-mode recommendation;
-    ``max_new_tokens`` 8192 covers the long tail of thinking traces and must fit the servers'
-    context with the prompt); the per-row seed is ``seed_base`` + row."""
+    ``max_new_tokens``: ``DEFAULT_MAX_NEW_TOKENS``); the per-row seed is ``seed_base`` + row.
+    Protocols send ``as_dict()`` with every request."""
 
     temperature: float = 0.6
     top_p: float = 0.95
     top_k: int = 20
-    max_new_tokens: int = 8192
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     seed_base: int = 0
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise UsageError("--max-new-tokens must be >= 1")
 
-    def sampling(self):
-        """The request sampling (``dqa.regen.client.Sampling``)."""
-        from dqa.regen.client import Sampling
-
-        return Sampling(self.temperature, self.top_p, self.top_k, self.max_new_tokens)
+    def as_dict(self) -> dict[str, Any]:
+        """The request's sampling parameters (the seed is per row): temperature, top_p, top_k, max_new_tokens."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "max_new_tokens": self.max_new_tokens}
 
 
 @dataclass(frozen=True)
@@ -112,10 +162,10 @@ class Timeouts:
     (``down_deadline``), and connect tries at start-up before an endpoint counts as unreachable
     (``preflight_window``)."""
 
-    request: float = 3600.0
-    connect: float = 10.0
+    request: float = field(default=3600.0, metadata={"flat": "request_timeout"})
+    connect: float = field(default=10.0, metadata={"flat": "connect_timeout"})
     health_interval: float = 15.0
-    health: float = 30.0
+    health: float = field(default=30.0, metadata={"flat": "health_timeout"})
     down_deadline: float = 600.0
     preflight_window: float = 6.0
 
@@ -149,7 +199,7 @@ class DispatchSpec:
     protocol: str | None = None
     model: str | None = None
     api_key_env: str | None = None
-    max_in_flight: int = 48
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     gpus: int | None = None
     gpu_hour_cost: float = 0.0
     ca_bundle: str | None = None
@@ -161,7 +211,7 @@ class DispatchSpec:
         if bool(self.endpoints) == bool(self.fleet):
             raise UsageError("give --endpoint URL (repeatable) or --fleet FILE, not both and not neither")
         if self.protocol is not None and self.protocol not in PROTOCOLS:
-            raise UsageError(f"--protocol {self.protocol!r}: expected sglang or openai")
+            raise UsageError(f"--protocol {self.protocol!r}: expected {' or '.join(PROTOCOLS)}")
         if self.max_in_flight < 1:
             raise UsageError("--max-in-flight must be >= 1")
         if self.ca_bundle is not None:
@@ -200,53 +250,24 @@ class OutputSpec:
             raise UsageError("--shard-rows must be >= 1")
 
 
-# flat keyword (the earlier RegenConfig field) -> (group, attribute[, attribute of the nested group])
-_FLAT: dict[str, tuple[str, ...]] = {
-    "dataset": ("data", "path"),
-    "ids_column": ("data", "ids_column"),
-    "mask_column": ("data", "mask_column"),
-    "labels_column": ("data", "labels_column"),
-    "id_column": ("data", "id_column"),
-    "tokenizer": ("data", "tokenizer"),
-    "failed_only": ("selection", "failed_only"),
-    "findings": ("selection", "findings"),
-    "reasons": ("selection", "reasons"),
-    "limit": ("selection", "limit"),
-    "shard": ("selection", "shard"),
-    "turns": ("selection", "turns"),
-    "retry_failed": ("selection", "retry_failed"),
-    "temperature": ("sampling", "temperature"),
-    "top_p": ("sampling", "top_p"),
-    "top_k": ("sampling", "top_k"),
-    "max_new_tokens": ("sampling", "max_new_tokens"),
-    "seed_base": ("sampling", "seed_base"),
-    "endpoints": ("dispatch", "endpoints"),
-    "fleet": ("dispatch", "fleet"),
-    "protocol": ("dispatch", "protocol"),
-    "model": ("dispatch", "model"),
-    "api_key_env": ("dispatch", "api_key_env"),
-    "max_in_flight": ("dispatch", "max_in_flight"),
-    "gpus": ("dispatch", "gpus"),
-    "gpu_hour_cost": ("dispatch", "gpu_hour_cost"),
-    "ca_bundle": ("dispatch", "ca_bundle"),
-    "request_timeout": ("dispatch", "timeouts", "request"),
-    "connect_timeout": ("dispatch", "timeouts", "connect"),
-    "health_interval": ("dispatch", "timeouts", "health_interval"),
-    "health_timeout": ("dispatch", "timeouts", "health"),
-    "down_deadline": ("dispatch", "timeouts", "down_deadline"),
-    "preflight_window": ("dispatch", "timeouts", "preflight_window"),
-    "max_attempts": ("dispatch", "retries", "max_attempts"),
-    "backoff_base": ("dispatch", "retries", "backoff_base"),
-    "backoff_max": ("dispatch", "retries", "backoff_max"),
-    "fail_threshold": ("dispatch", "retries", "fail_threshold"),
-    "out": ("output", "out"),
-    "mirror": ("output", "mirror"),
-    "shard_rows": ("output", "shard_rows"),
-    "shard_seconds": ("output", "shard_seconds"),
-    "commit_interval": ("output", "commit_interval"),
-    "progress_interval": ("output", "progress_interval"),
-}
+_GROUPS = {"data": DatasetSpec, "selection": Selection, "sampling": SamplingSpec, "dispatch": DispatchSpec, "output": OutputSpec}
 _NESTED = {"timeouts": Timeouts, "retries": Retries}
+
+
+def _flat_names() -> dict[str, tuple[str, ...]]:
+    """Returns {flat keyword (the earlier RegenConfig field): (group, attribute[, attribute of the
+    nested group])}, from the groups' fields: a field's keyword is its name, or its ``flat``
+    metadata where the earlier name differed (``dataset``, ``request_timeout``, ...)."""
+    flat: dict[str, tuple[str, ...]] = {}
+    for group, cls in _GROUPS.items():
+        for f in fields(cls):
+            inner = _NESTED.get(f.name)
+            for g in fields(inner) if inner else (f,):
+                flat[g.metadata.get("flat", g.name)] = (group, f.name, g.name) if inner else (group, f.name)
+    return flat
+
+
+_FLAT = _flat_names()
 
 
 @dataclass(frozen=True, init=False)
@@ -320,4 +341,9 @@ def _groups_from_flat(options: dict[str, Any]) -> dict[str, Any]:
             "output": OutputSpec(**kw["output"])}
 
 
-__all__ = ["DatasetSpec", "DispatchSpec", "OutputSpec", "RegenConfig", "Retries", "SamplingSpec", "Selection", "Timeouts"]
+__all__ = ["DEFAULT_AUX_LAYERS", "DEFAULT_BIND_HOST", "DEFAULT_CALIBRATE_SAMPLE", "DEFAULT_CONTEXT_LENGTH", "DEFAULT_ENGINE",
+           "DEFAULT_GPUS", "DEFAULT_MAMBA_EXTRA_BUFFER", "DEFAULT_MAX_IN_FLIGHT", "DEFAULT_MAX_NEW_TOKENS",
+           "DEFAULT_MAX_RUNNING_REQUESTS", "DEFAULT_MERGE_BATCH_ROWS", "DEFAULT_PORT_BASE", "DEFAULT_PROTOCOL",
+           "DEFAULT_REASONING_PARSER", "DEFAULT_STATUS_TIMEOUT", "DEFAULT_TOKENIZER", "DEFAULT_TURNS", "DEFAULT_UP_TIMEOUT",
+           "PROTOCOLS", "TURN_MODES", "parse_shard",
+           "DatasetSpec", "DispatchSpec", "OutputSpec", "RegenConfig", "Retries", "SamplingSpec", "Selection", "Timeouts"]

@@ -37,6 +37,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from dqa.regen.client import FAIL, FATAL, LENGTH, OK, RETRY, Job, Outcome, call
+from dqa.regen.config import DEFAULT_MAX_IN_FLIGHT, Retries, Timeouts
 from dqa.regen.transport import AiohttpTransport, Transport, TransportError
 from dqa.regen.journal import Result, encode
 from dqa.regen.progress import EndpointCounts, Progress
@@ -56,19 +57,20 @@ def _turn_fields(job: Job) -> tuple[int, int, int]:
 
 @dataclass
 class DispatchSettings:
-    """Timing and retry knobs (seconds). Defaults suit long thinking generations on a real fleet."""
+    """Timing and retry knobs (seconds). Defaults: ``dqa regen``'s (``dqa.regen.config``), which suit
+    long thinking generations on a real fleet."""
 
-    max_in_flight: int = 48
-    max_attempts: int = 6
-    backoff_base: float = 0.5
-    backoff_max: float = 30.0
-    fail_threshold: int = 3
-    health_interval: float = 15.0
-    health_timeout: float = 30.0
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    max_attempts: int = Retries.max_attempts
+    backoff_base: float = Retries.backoff_base
+    backoff_max: float = Retries.backoff_max
+    fail_threshold: int = Retries.fail_threshold
+    health_interval: float = Timeouts.health_interval
+    health_timeout: float = Timeouts.health
     probe_max_interval: float = 30.0
-    down_deadline: float = 600.0
-    request_timeout: float = 3600.0
-    connect_timeout: float = 10.0
+    down_deadline: float = Timeouts.down_deadline
+    request_timeout: float = Timeouts.request
+    connect_timeout: float = Timeouts.connect
 
 
 def open_transport(settings: DispatchSettings, headers: dict[str, str] | None = None, policy=None) -> AiohttpTransport:

@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from dqa.errors import InputError, RuntimeFailure, UsageError
+from dqa.regen.config import (DEFAULT_BIND_HOST, DEFAULT_CONTEXT_LENGTH, DEFAULT_ENGINE, DEFAULT_MAMBA_EXTRA_BUFFER, DEFAULT_MAX_RUNNING_REQUESTS,
+                              DEFAULT_PORT_BASE, DEFAULT_REASONING_PARSER)
 
 from .fleet_file import Endpoint, redact
 from .http_probe import answers_ok
@@ -60,16 +62,16 @@ class LaunchSpec:
 
     model: str
     gpus: list[str]
-    engine: str = "sglang"
-    host: str = "127.0.0.1"
+    engine: str = DEFAULT_ENGINE
+    host: str = DEFAULT_BIND_HOST
     advertise_host: str | None = None
-    port_base: int = 30000
-    context_length: int | None = 8192
-    max_running_requests: int | None = 48
-    reasoning_parser: str | None = "qwen3"
+    port_base: int = DEFAULT_PORT_BASE
+    context_length: int | None = DEFAULT_CONTEXT_LENGTH
+    max_running_requests: int | None = DEFAULT_MAX_RUNNING_REQUESTS
+    reasoning_parser: str | None = DEFAULT_REASONING_PARSER
     enable_metrics: bool = True
     mtp: bool = False
-    mamba_extra_buffer: str = "auto"  # auto | on | off
+    mamba_extra_buffer: str = DEFAULT_MAMBA_EXTRA_BUFFER  # auto | on | off
     python: str = field(default_factory=lambda: sys.executable)
     extra: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)

@@ -16,6 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dqa.regen.config import DEFAULT_STATUS_TIMEOUT
+
 from .fleet_file import Endpoint, Fleet
 from .fleet_launch import is_local_host, verify_process
 from .http_probe import http_get
@@ -56,7 +58,7 @@ class EndpointStatus:
         return asdict(self)
 
 
-def endpoint_status(fleet: Fleet, ep: Endpoint, timeout: float = 3.0) -> EndpointStatus:
+def endpoint_status(fleet: Fleet, ep: Endpoint, timeout: float = DEFAULT_STATUS_TIMEOUT) -> EndpointStatus:
     """Probe one endpoint: ``/health``, then what its engine reports (SGLang: ``/metrics``, else
     its decode log)."""
     process = None
@@ -68,7 +70,7 @@ def endpoint_status(fleet: Fleet, ep: Endpoint, timeout: float = 3.0) -> Endpoin
     return st
 
 
-def fleet_status(fleet: Fleet, timeout: float = 3.0) -> list[EndpointStatus]:
+def fleet_status(fleet: Fleet, timeout: float = DEFAULT_STATUS_TIMEOUT) -> list[EndpointStatus]:
     """Probe every endpoint of ``fleet`` concurrently; results in fleet order."""
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(fleet.endpoints)))) as pool:
         return list(pool.map(lambda ep: endpoint_status(fleet, ep, timeout), fleet.endpoints))

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Sequence
 
 from dqa.errors import InputError, RuntimeFailure, UsageError
+from dqa.regen.config import (DEFAULT_BIND_HOST, DEFAULT_CONTEXT_LENGTH, DEFAULT_ENGINE, DEFAULT_GPUS, DEFAULT_MAMBA_EXTRA_BUFFER,
+                              DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PORT_BASE, DEFAULT_REASONING_PARSER, DEFAULT_UP_TIMEOUT)
 
 from . import fleet_file as ff
 from . import fleet_launch as fl
@@ -50,25 +52,25 @@ class FleetSpec:
     """
 
     model: str
-    gpus: str | Sequence[str] = "0"
-    engine: str = "sglang"
+    gpus: str | Sequence[str] = DEFAULT_GPUS
+    engine: str = DEFAULT_ENGINE
     stage: Path | None = None
     mtp: bool = False
-    mamba_extra_buffer: str = "auto"
+    mamba_extra_buffer: str = DEFAULT_MAMBA_EXTRA_BUFFER
     sglang_version: str | None = None
     deterministic: bool = False
-    port_base: int = 30000
-    host: str = "127.0.0.1"
+    port_base: int = DEFAULT_PORT_BASE
+    host: str = DEFAULT_BIND_HOST
     advertise_host: str | None = None
-    context_length: int = 8192
-    max_running_requests: int = 48
-    reasoning_parser: str = "qwen3"
+    context_length: int = DEFAULT_CONTEXT_LENGTH
+    max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS
+    reasoning_parser: str = DEFAULT_REASONING_PARSER
     metrics: bool = True
     python: str | None = None
     env: Sequence[str] | dict[str, str] = ()
     fleet: Path = Path(ff.DEFAULT_FLEET_FILE)
     log_dir: Path | None = None
-    timeout: float = 900.0
+    timeout: float = DEFAULT_UP_TIMEOUT
     keep_on_failure: bool = False
     force: bool = False
     extra: Sequence[str] = ()

@@ -190,8 +190,6 @@ class ChatTokenizer:
 
 # ----------------------------------------------------------------------------- multi-turn
 
-TURN_MODES = ("flagged", "all", "last")
-
 
 def header_starts(ids: np.ndarray, offsets: np.ndarray, header: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """Every assistant header of every row: ``(positions in ids, rows)``, both sorted by position.

@@ -7,7 +7,10 @@
   written before a key existed keep working), a key of the wrong type, a file that is not JSON or a
   version newer than this dqa knows is an ``InputError`` naming the file and what was expected.
 * The shard store: ``shard_schema`` (the shard columns), ``ShardStatus`` (the ``status`` values),
-  ``shard_path``/``list_shards`` (where shards live) and ``RunFolder`` (the folder's paths).
+  ``shard_path``/``list_shards`` (where shards live) and ``RunFolder``: the folder's paths and its
+  policy: ``lock`` (one writer at a time), ``check_usable`` (a folder dqa regen made, or a new or
+  empty one it can write) and ``check_identity`` (a resume goes into a folder made for the same
+  dataset, selection and sampling).
 
 Version history of run.json: 1, the layout of ``RunManifest.to_json`` (files without
 ``version`` are read as 1).
@@ -15,12 +18,15 @@ Version history of run.json: 1, the layout of ``RunManifest.to_json`` (files wit
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
+import os
 import re
+import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from dqa.errors import InputError
 
@@ -284,3 +290,85 @@ class RunFolder:
 
     def shards(self) -> list[Path]:
         return list_shards(self.path)
+
+    def read_progress(self) -> dict[str, Any]:
+        """The progress.json of earlier sessions ({} when missing or unreadable)."""
+        try:
+            obj = json.loads(self.progress_json.read_text())
+        except (OSError, ValueError):
+            return {}
+        return obj if isinstance(obj, dict) else {}
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the folder's lock file (the folder is made first) for the block. Raises
+        ``InputError`` at once when another dqa regen holds it."""
+        import fcntl
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        fh = open(self.lock_file, "a+")
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.close()
+            raise InputError(f"{self.path}: another dqa regen is writing to this folder; wait for it or use another --out") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+            fh.close()
+
+    def check_usable(self) -> None:
+        """Refuse (``InputError``, exit 2) an ``--out`` that is a file, that cannot be created or
+        written, or a non-empty folder that dqa regen did not make. Creates nothing (a probe folder
+        is made and removed at once), so it runs before any input is opened."""
+        folder = self.path
+        if folder.exists() and not folder.is_dir():
+            raise InputError(f"{folder}: not a folder; give --out a new or existing folder")
+        if folder.is_dir() and not self.has_manifest():
+            try:
+                names = [p.name for p in folder.iterdir()]
+            except OSError as exc:
+                raise InputError(f"{folder}: cannot list this folder ({exc.strerror or exc}); use another --out") from None
+            other = sorted(n for n in names if n not in OWN_NAMES and not n.startswith(".tmp-"))
+            if other:
+                raise InputError(f"{folder}: not empty and not a dqa regen output folder (holds {other[0]!r}); use a new --out")
+        base = folder
+        while not base.exists() and base != base.parent:
+            base = base.parent
+        if not base.is_dir():
+            raise InputError(f"{folder}: cannot be created ({base} is not a folder); use another --out")
+        try:  # a real write, not os.access: root passes access checks on read-only file systems
+            os.rmdir(tempfile.mkdtemp(prefix=".tmp-dqa-probe-", dir=base))
+        except OSError as exc:
+            what = "not writable" if base == folder else f"cannot be created in {base}"
+            raise InputError(f"{folder}: {what} ({exc.strerror or exc}); use another --out") from None
+
+    def check_identity(self, identity: dict[str, Any], keys: tuple[str, ...] = ("dataset", "selection", "sampling")) -> None:
+        """Refuse (``InputError``, exit 2) to resume into a folder made for another dataset,
+        selection or sampling (the parts of ``identity`` named by ``keys``), to write into a
+        non-empty folder that dqa regen did not make (``check_usable``), or into one whose
+        run.json is unreadable or malformed."""
+        run_json = self.run_json
+        if not run_json.is_file():
+            self.check_usable()
+            return
+        try:
+            old = RunManifest.read(run_json).identity
+        except InputError as exc:
+            raise InputError(f"{exc} (this folder was not made by this dqa regen: use another --out)") from None
+        sel = old.get("selection")
+        if isinstance(sel, dict) and "turns" not in sel:  # a run from before multi-turn regeneration: the final turn only
+            old = {**old, "selection": {**sel, "turns": "last"}}
+        for key in keys:
+            if old.get(key) == identity[key]:
+                continue
+            if key == "selection" and isinstance(old.get(key), dict):
+                turns = old[key].get("turns")
+                if {**old[key], "turns": None} == {**identity[key], "turns": None}:  # only --turns differs: name it
+                    raise InputError(f"{run_json.parent}: made with --turns {turns}; rerun with --turns {turns} to resume, "
+                                     "or use another --out")
+            raise InputError(
+                f"{run_json.parent}: made for a different {key} ({json.dumps(old.get(key), sort_keys=True)[:160]}); "
+                f"use another --out, or rerun with the original options to resume"
+            )

@@ -24,24 +24,11 @@ import numpy as np
 from dqa.arrays import ranks as _ranks
 from dqa.errors import InputError, UsageError
 from dqa.regen.client import Job
-from dqa.regen.prompts import TURN_MODES, Conversation, header_starts, sample_seed, turn_ends
+from dqa.regen.config import DEFAULT_TURNS, TURN_MODES
+from dqa.regen.prompts import Conversation, header_starts, sample_seed, turn_ends
 
 # The first list of jobs is short, so the first requests go out within milliseconds of the start.
 FIRST_CHUNK = 256
-
-
-def parse_shard(text: str | None) -> tuple[int, int]:
-    """``"i/N"`` -> ``(i, N)``; None -> ``(0, 1)``. Raises ``UsageError`` unless ``0 <= i < N``."""
-    if not text:
-        return 0, 1
-    try:
-        a, b = text.split("/")
-        i, n = int(a), int(b)
-    except ValueError:
-        raise UsageError(f"--shard {text!r}: expected i/N, e.g. 0/4") from None
-    if n < 1 or not 0 <= i < n:
-        raise UsageError(f"--shard {text!r}: expected 0 <= i < N")
-    return i, n
 
 
 def findings_for(dataset: str | Path) -> Path:
@@ -272,7 +259,7 @@ def read_first_turns(path: Path, rows: np.ndarray) -> np.ndarray:
     return out
 
 
-def iter_turn_jobs(dataset, rows: np.ndarray, fmt, mode: str = "flagged", first_flagged: np.ndarray | None = None,
+def iter_turn_jobs(dataset, rows: np.ndarray, fmt, mode: str = DEFAULT_TURNS, first_flagged: np.ndarray | None = None,
                    partial: dict[int, dict[int, np.ndarray]] | None = None, seed_base: int = 0,
                    batch_rows: int = 4096, generation_prompt: tuple[int, ...] | None = None,
                    first_chunk: int = FIRST_CHUNK) -> Iterator[list[Job]]:

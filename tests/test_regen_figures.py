@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from dqa.regen.run import RegenConfig, regenerate
+from dqa.regen.config import RegenConfig
+from dqa.regen.run import regenerate
 from regen_helpers import degenerate_dataset, read_shards, write_findings
 from servers.sglang_contract import StubServer
 

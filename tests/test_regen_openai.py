@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from chatdata import render, tokenizer, write_parquet
-from dqa.regen.run import RegenConfig, regenerate
+from dqa.regen.config import RegenConfig
+from dqa.regen.run import regenerate
 from regen_helpers import read_shards, write_findings
 
 REPO = Path(__file__).resolve().parents[1]

@@ -24,8 +24,9 @@ import httpx
 import numpy as np
 import pytest
 
-from dqa.regen.client import TEXT, TOKEN_EXACT, Job, OpenAIProtocol, Sampling, call
-from dqa.regen.run import RegenConfig, regenerate
+from dqa.regen.client import TEXT, TOKEN_EXACT, Job, OpenAIProtocol, call
+from dqa.regen.config import RegenConfig, SamplingSpec
+from dqa.regen.run import regenerate
 from dqa.regen.server_probe import PROBE_IDS, ServerFacts, token_ids_answer
 from dqa.regen.transport import Transport
 from regen_helpers import degenerate_dataset, read_shards, write_findings
@@ -102,7 +103,7 @@ class _Tok:
 
 
 def _proto(**kw) -> OpenAIProtocol:
-    return OpenAIProtocol(Sampling(), _Tok(), 151644, 151645, **kw)
+    return OpenAIProtocol(SamplingSpec(), _Tok(), 151644, 151645, **kw)
 
 
 def _job() -> Job:

@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from chatdata import IM_END, THINK
-from dqa.regen.run import RegenConfig, regenerate
+from dqa.regen.config import RegenConfig
+from dqa.regen.run import regenerate
 from regen_helpers import degenerate_dataset, read_shards, write_findings
 from servers.sglang_contract import StubServer
 
@@ -316,7 +317,7 @@ def test_the_staging_root_is_private_and_must_be_ours(tmp_path, monkeypatch):
 
 def test_row_count_of_a_jsonl_dataset_reads_no_tokens(tmp_path, monkeypatch):
     from dqa.audit.readers import Dataset, open_dataset
-    from dqa.regen.run import _count_rows
+    from dqa.regen.run_steps import count_rows
 
     path = degenerate_dataset(tmp_path / "d.parquet", 7)
     t = pq.read_table(path)
@@ -327,7 +328,7 @@ def test_row_count_of_a_jsonl_dataset_reads_no_tokens(tmp_path, monkeypatch):
         raise AssertionError("token batches decoded just to count rows")
 
     monkeypatch.setattr(Dataset, "batches", no_tokens)
-    assert _count_rows(open_dataset(jsonl)) == 7
+    assert count_rows(open_dataset(jsonl)) == 7
 
 
 def test_cli_prints_a_summary_line_on_stdout_and_nothing_with_quiet(data, stub, tmp_path, cli):

@@ -25,7 +25,8 @@ import httpx
 import numpy as np
 import pytest
 
-from dqa.regen.client import Job, Sampling, SglangProtocol
+from dqa.regen.client import Job, SglangProtocol
+from dqa.regen.config import SamplingSpec
 from servers.sglang_contract import StubServer
 
 PROMPT = [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]
@@ -58,7 +59,7 @@ def _jobs() -> list[Job]:
     return jobs + [prebuilt]
 
 
-@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=1), Sampling(temperature=0.0, top_k=1)])
+@pytest.mark.parametrize("sampling", [SamplingSpec(), SamplingSpec(temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=1), SamplingSpec(temperature=0.0, top_k=1)])
 def test_every_generate_body_dqa_builds_is_a_valid_sglang_request(sglang_api_types, sampling):
     api = sglang_api_types
     proto = SglangProtocol(sampling)
@@ -83,7 +84,7 @@ def test_every_generate_body_dqa_builds_is_a_valid_sglang_request(sglang_api_typ
 )
 def test_the_schema_check_fails_on_a_body_that_breaks_it(sglang_api_types, breakage, message):
     """The check above is not vacuous: a body dqa would be wrong to send is caught."""
-    body = json.loads(SglangProtocol(Sampling()).body(_jobs()[0], 1, frozenset(), 64))
+    body = json.loads(SglangProtocol(SamplingSpec()).body(_jobs()[0], 1, frozenset(), 64))
     assert_valid_request(sglang_api_types, json.dumps(body).encode())
     breakage(body)
     with pytest.raises(AssertionError, match=message):
@@ -100,7 +101,7 @@ def mtp_stub(tmp_path_factory):
 
 def test_every_reply_of_the_test_server_is_a_valid_sglang_response(sglang_api_types, mtp_stub):
     api = sglang_api_types
-    proto = SglangProtocol(Sampling())
+    proto = SglangProtocol(SamplingSpec())
     job = _jobs()[0]
     url = mtp_stub.url + "/generate"
     replies = []

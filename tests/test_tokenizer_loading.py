@@ -177,14 +177,15 @@ def test_the_openai_protocol_gives_the_same_requests_and_tokens_with_either_toke
 
     import numpy as np
 
-    from dqa.regen.client import Job, OpenAIProtocol, Sampling
+    from dqa.regen.client import Job, OpenAIProtocol
+    from dqa.regen.config import SamplingSpec
 
     msgs = CONVERSATIONS[2][:-1] + [{"role": "assistant", "content": "x"}]
     ids, _ = render(msgs, enable_thinking=False)
     arr = np.asarray(ids, dtype=np.int64)
     end = int(prompt_ends(arr, np.array([0, arr.size]), (IM_START, 77091, 198))[0])
     spec = template.load_template(str(tok_folder))
-    protocols = [OpenAIProtocol(Sampling(), tok, IM_START, IM_END, "m")
+    protocols = [OpenAIProtocol(SamplingSpec(), tok, IM_START, IM_END, "m")
                  for tok in (ChatTokenizer(tok_folder, lambda: spec.tokenizer), tokenizer())]
     replies = [
         {"choices": [{"message": {"content": "Good morning! 🌞", "reasoning_content": "英文。\n\n  ok"}, "finish_reason": "stop"}]},

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from dqa.errors import UsageError
+from dqa.regen.config import DEFAULT_MERGE_BATCH_ROWS
 
 if TYPE_CHECKING:
     from dqa.regen.merge import MergeSummary
 
 
 def merge(dataset: str | Path, regen: str | Path | Iterable[str | Path], out: str | Path, *, failed: str = "keep",
-          accept: str | Iterable[str] = "ok", batch_rows: int = 2048, **options: Any) -> "MergeSummary":
+          accept: str | Iterable[str] = "ok", batch_rows: int = DEFAULT_MERGE_BATCH_ROWS, **options: Any) -> "MergeSummary":
     """Merge the shards of the ``regen`` folder(s) (``dqa regen``'s ``out``) into a copy of ``dataset`` at ``out``.
 
     ``failed``: ``keep`` (the original row) or ``drop`` the rows that could not be regenerated;

@@ -33,7 +33,8 @@ def regenerate(dataset: str | Path | None = None, out: str | None = None, *, con
     ``RegenStopped`` when the run stopped before every selected row was recorded, ``TypeError`` for an
     unknown option or a ``config`` given with other arguments.
     """
-    from dqa.regen.run import RegenConfig, regenerate as run_regenerate
+    from dqa.regen.config import RegenConfig
+    from dqa.regen.run import regenerate as run_regenerate
     from dqa.regen.urls import strip_userinfo
 
     if config is None:

@@ -10,6 +10,9 @@ from typing import List, Optional
 import typer
 
 from dqa.commands.common import console, handles_errors, help_text, stderr_is_tty
+from dqa.regen.config import (DEFAULT_BIND_HOST, DEFAULT_CONTEXT_LENGTH, DEFAULT_ENGINE, DEFAULT_GPUS, DEFAULT_MAMBA_EXTRA_BUFFER,
+                              DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PORT_BASE, DEFAULT_REASONING_PARSER, DEFAULT_STATUS_TIMEOUT,
+                              DEFAULT_UP_TIMEOUT)
 from dqa.regen.fleet_file import DEFAULT_FLEET_FILE as DEFAULT_FLEET
 
 fleet_app = typer.Typer(
@@ -34,9 +37,9 @@ fleet_app = typer.Typer(
 @handles_errors
 def up(
     model: str = typer.Option(..., "--model", "-m", help="Model folder (or hub id) every server loads."),
-    gpus: str = typer.Option("0", "--gpus", help="GPU ids, one server each: 0-6, 0,2,5 or 0-3,6."),
+    gpus: str = typer.Option(DEFAULT_GPUS, "--gpus", help="GPU ids, one server each: 0-6, 0,2,5 or 0-3,6."),
     engine: str = typer.Option(
-        "sglang", "--engine", help="sglang (GPU nodes) or transformers (`transformers serve`, runs on a CPU)."
+        DEFAULT_ENGINE, "--engine", help="sglang (GPU nodes) or transformers (`transformers serve`, runs on a CPU)."
     ),
     stage: Optional[Path] = typer.Option(
         None, "--stage", help="Copy the model folder here first (a RAM disk such as /dev/shm); skipped when an identical copy is there."
@@ -45,7 +48,7 @@ def up(
         False, "--mtp", help="SGLang speculative decoding with the model's MTP heads: NEXTN, 3 steps, top-k 1, 4 draft tokens."
     ),
     mamba_extra_buffer: str = typer.Option(
-        "auto", "--mamba-extra-buffer", help="With --mtp: select the extra_buffer Mamba cache strategy, with the flag of the SGLang release (--mamba-scheduler-strategy up to 0.5.13, --mamba-radix-cache-strategy 0.5.14-0.5.19, nothing from 0.5.20: the default picks it). auto: when config.json is a hybrid Mamba model; on; off."
+        DEFAULT_MAMBA_EXTRA_BUFFER, "--mamba-extra-buffer", help="With --mtp: select the extra_buffer Mamba cache strategy, with the flag of the SGLang release (--mamba-scheduler-strategy up to 0.5.13, --mamba-radix-cache-strategy 0.5.14-0.5.19, nothing from 0.5.20: the default picks it). auto: when config.json is a hybrid Mamba model; on; off."
     ),
     sglang_version: Optional[str] = typer.Option(
         None, "--sglang-version", help="SGLang release on the servers, for the flags that differ between releases (the Mamba cache strategy). Default: asked from --python when it matters; else the newest known (a note says so)."
@@ -53,20 +56,20 @@ def up(
     deterministic: bool = typer.Option(
         False, "--deterministic", help="SGLang --enable-deterministic-inference: the per-row seeds then reproduce outputs (sampling is slower). Without it SGLang ignores them."
     ),
-    port_base: int = typer.Option(30000, "--port-base", help="GPU k of the list listens on port-base + k."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address the servers bind (0.0.0.0 for other machines)."),
+    port_base: int = typer.Option(DEFAULT_PORT_BASE, "--port-base", help="GPU k of the list listens on port-base + k."),
+    host: str = typer.Option(DEFAULT_BIND_HOST, "--host", help="Address the servers bind (0.0.0.0 for other machines)."),
     advertise_host: Optional[str] = typer.Option(
         None, "--advertise-host", help="Host name written into endpoint URLs (default: the bind host, or this machine's address for 0.0.0.0)."
     ),
-    context_length: int = typer.Option(8192, "--context-length", help="SGLang --context-length (0: the model's own)."),
-    max_running_requests: int = typer.Option(48, "--max-running-requests", help="SGLang concurrent requests per server (0: SGLang's default)."),
-    reasoning_parser: str = typer.Option("qwen3", "--reasoning-parser", help="SGLang --reasoning-parser ('none' to leave it off)."),
+    context_length: int = typer.Option(DEFAULT_CONTEXT_LENGTH, "--context-length", help="SGLang --context-length (0: the model's own)."),
+    max_running_requests: int = typer.Option(DEFAULT_MAX_RUNNING_REQUESTS, "--max-running-requests", help="SGLang concurrent requests per server (0: SGLang's default)."),
+    reasoning_parser: str = typer.Option(DEFAULT_REASONING_PARSER, "--reasoning-parser", help="SGLang --reasoning-parser ('none' to leave it off)."),
     metrics: bool = typer.Option(True, "--metrics/--no-metrics", help="SGLang --enable-metrics (Prometheus /metrics for `fleet status`)."),
     python: Optional[str] = typer.Option(None, "--python", help="Python that has sglang (default: the one running dqa)."),
     env: List[str] = typer.Option([], "--env", help="Extra environment for every server, KEY=VALUE (repeatable), e.g. OMP_NUM_THREADS=1."),
     fleet: Path = typer.Option(Path(DEFAULT_FLEET), "--fleet", "-f", help="Fleet file to write."),
     log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="One log per GPU here (default: fleet-logs/ next to the fleet file)."),
-    timeout: float = typer.Option(900.0, "--timeout", help="Seconds to wait for every server to become healthy."),
+    timeout: float = typer.Option(DEFAULT_UP_TIMEOUT, "--timeout", help="Seconds to wait for every server to become healthy."),
     keep_on_failure: bool = typer.Option(False, "--keep-on-failure", help="Leave the other servers running when one fails to start."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the exact commands (a bash script) and start nothing. The model folder need not be on this machine (a note says what was assumed without it)."),
     force: bool = typer.Option(False, "--force", help="Overwrite a --fleet file that cannot be read as a fleet file (by default dqa refuses)."),
@@ -185,7 +188,7 @@ def status(
     fleet: Path = typer.Option(Path(DEFAULT_FLEET), "--fleet", "-f", help="Fleet file written by `dqa fleet up`."),
     watch: bool = typer.Option(False, "--watch", "-w", help="Refresh every --interval seconds until Ctrl-C."),
     interval: float = typer.Option(5.0, "--interval", help="Seconds between refreshes with --watch."),
-    timeout: float = typer.Option(3.0, "--timeout", help="Per-request timeout in seconds."),
+    timeout: float = typer.Option(DEFAULT_STATUS_TIMEOUT, "--timeout", help="Per-request timeout in seconds."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON on stdout (one object per refresh with --watch)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing; exit code only (0 all up, 3 any down). Not with --watch."),
 ) -> None:

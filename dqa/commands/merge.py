@@ -10,6 +10,7 @@ from typing import List, Optional
 import typer
 
 from dqa.commands.common import handles_errors, help_text, stderr_is_tty
+from dqa.regen.config import DEFAULT_MERGE_BATCH_ROWS
 
 
 def merge(
@@ -33,7 +34,7 @@ def merge(
         help="Refuse shards whose prompt tokens are not the dataset row's first prompt_len tokens.",
     ),
     accept: str = typer.Option("ok", "--accept", help="Which regenerated conversations replace their originals: ok (default: only complete replies; one cut by --max-new-tokens has unclosed thinking and no end of turn, which the release scan flags as truncated and which trains the model to stop mid-thought, so the original is kept and listed in the report) or ok,length (also those cut by the length limit)."),
-    batch_rows: int = typer.Option(2048, help="Rows per streamed batch (memory is bounded by the batch)."),
+    batch_rows: int = typer.Option(DEFAULT_MERGE_BATCH_ROWS, help="Rows per streamed batch (memory is bounded by the batch)."),
     ids_column: Optional[str] = typer.Option(None, help="Token ids column (default: the one given to dqa regen, else input_ids)."),
     mask_column: Optional[str] = typer.Option(None, help="0/1 loss mask column (default: the one given to dqa regen, else loss_mask, if present)."),
     labels_column: Optional[str] = typer.Option(None, help="Labels column, -100 = unsupervised (default: the one given to dqa regen, else labels)."),

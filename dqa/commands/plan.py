@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from dqa.commands.common import console, handles_errors, help_text, stderr_is_tty
+from dqa.regen.config import DEFAULT_AUX_LAYERS, DEFAULT_CALIBRATE_SAMPLE, DEFAULT_MAX_NEW_TOKENS, DEFAULT_TURNS
 
 
 @handles_errors
@@ -34,7 +35,7 @@ def plan(
     ),
     calibrate: bool = typer.Option(False, "--calibrate", help="Measure throughput and output length with a short real regeneration first."),
     endpoint: List[str] = typer.Option([], "--endpoint", "-e", help="With --calibrate: a server URL (repeatable), instead of --fleet."),
-    sample: int = typer.Option(32, "--sample", "-k", help="With --calibrate: how many failing prompts to send."),
+    sample: int = typer.Option(DEFAULT_CALIBRATE_SAMPLE, "--sample", "-k", help="With --calibrate: how many failing prompts to send."),
     dataset: Optional[Path] = typer.Option(None, "--dataset", help="With --calibrate: the dataset the prompts come from."),
     calibrate_out: Optional[Path] = typer.Option(
         None, "--calibrate-out", help="With --calibrate: keep the regen output folder here (default: a temporary folder, removed)."
@@ -42,17 +43,17 @@ def plan(
     protocol: Optional[str] = typer.Option(
         None, "--protocol", help="With --calibrate and --endpoint: sglang (default) or openai (e.g. transformers serve)."
     ),
-    max_new_tokens: int = typer.Option(8192, "--max-new-tokens", help="With --calibrate: output limit per prompt (as in the real run)."),
+    max_new_tokens: int = typer.Option(DEFAULT_MAX_NEW_TOKENS, "--max-new-tokens", help="With --calibrate: output limit per prompt (as in the real run)."),
     ca_bundle: Optional[str] = typer.Option(None, "--ca-bundle", help="With --calibrate: CA certificates (PEM) that verify https:// servers (default: $SSL_CERT_FILE, $REQUESTS_CA_BUNDLE, else the system's)."),
     turns: str = typer.Option(
-        "flagged", "--turns",
+        DEFAULT_TURNS, "--turns",
         help="With --findings of a multi-turn set: the turns regen sends, as `dqa regen --turns`: flagged (from the first flagged turn on), all or last. Every mode's count is shown.",
     ),
     model: Optional[Path] = typer.Option(
         None, "--model",
         help="Model folder (or its config.json): size offline hidden states for drafter training, tokens x hidden_size x (aux layers + 1) x bytes.",
     ),
-    aux_layers: int = typer.Option(3, "--aux-layers", help="With --model: auxiliary layers captured besides the final one (EAGLE-3: 3)."),
+    aux_layers: int = typer.Option(DEFAULT_AUX_LAYERS, "--aux-layers", help="With --model: auxiliary layers captured besides the final one (EAGLE-3: 3)."),
     storage_tokens: Optional[float] = typer.Option(
         None, "--storage-tokens",
         help="With --model: tokens of the training set (default: from the scan of --findings, else samples x avg output tokens).",

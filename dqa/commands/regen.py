@@ -7,6 +7,7 @@ from typing import List, Optional
 import typer
 
 from dqa.commands.common import handles_errors
+from dqa.regen.config import DatasetSpec, DispatchSpec, OutputSpec, Retries, SamplingSpec, Selection, Timeouts
 
 HELP = """Regenerate the samples `dqa scan` flagged, with thinking on, on a fleet of SGLang (or OpenAI-compatible) servers.
 
@@ -33,10 +34,10 @@ def regen(
     mask_column: Optional[str] = typer.Option(None, help="0/1 loss mask column (default: loss_mask, if present)."),
     labels_column: Optional[str] = typer.Option(None, help="Labels column, -100 = unsupervised (default: labels)."),
     id_column: Optional[str] = typer.Option(None, help="Sample id column (default: id, if present)."),
-    failed_only: bool = typer.Option(True, "--failed-only/--all", help="Only the rows in findings.parquet (default), or every row."),
+    failed_only: bool = typer.Option(Selection.failed_only, "--failed-only/--all", help="Only the rows in findings.parquet (default), or every row."),
     findings: Optional[str] = typer.Option(None, "--findings", help="findings.parquet or the folder holding it. Default: dqa-out/<dataset name>/ (where `dqa scan` writes)."),
     reasons: Optional[str] = typer.Option(None, "--reasons", help="Only rows flagged by these checks, comma-separated, e.g. degenerate_template,empty_thinking."),
-    turns: str = typer.Option("flagged", "--turns", help="Which assistant turns of a conversation to regenerate, each in order on the regenerated history: flagged (default: from the first turn the scan flags to the last; the last turn when only whole-sample checks flag it), all, or last."),
+    turns: str = typer.Option(Selection.turns, "--turns", help="Which assistant turns of a conversation to regenerate, each in order on the regenerated history: flagged (default: from the first turn the scan flags to the last; the last turn when only whole-sample checks flag it), all, or last."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N selected rows (a trial run; a later run with a larger limit resumes it)."),
     endpoint: List[str] = typer.Option([], "--endpoint", "-e", help="Server base URL, repeatable: -e http://10.0.0.5:30000 -e http://10.0.0.6:30000."),
     fleet: Optional[str] = typer.Option(None, "--fleet", help="Fleet file written by `dqa fleet up` (endpoints, protocol, model)."),
@@ -44,22 +45,22 @@ def regen(
     protocol: Optional[str] = typer.Option(None, "--protocol", help="sglang (native /generate, token-exact; default) or openai (/v1/chat/completions, text round trip)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name to send (openai) and record. Default: the fleet file's, else asked from the server."),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Environment variable holding the API key (sent as a bearer token, never logged or written)."),
-    max_in_flight: int = typer.Option(48, "--max-in-flight", help="Requests in flight per endpoint (match the server's --max-running-requests)."),
-    temperature: float = typer.Option(0.6, "--temperature", help="Sampling temperature (Qwen3 thinking: 0.6)."),
-    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling (Qwen3 thinking: 0.95)."),
-    top_k: int = typer.Option(20, "--top-k", help="Top-k sampling (Qwen3 thinking: 20)."),
-    max_new_tokens: int = typer.Option(8192, "--max-new-tokens", help="Output token limit; rows that hit it are recorded with status 'length'. Prompt + this must fit the servers' context length."),
+    max_in_flight: int = typer.Option(DispatchSpec.max_in_flight, "--max-in-flight", help="Requests in flight per endpoint (match the server's --max-running-requests)."),
+    temperature: float = typer.Option(SamplingSpec.temperature, "--temperature", help="Sampling temperature (Qwen3 thinking: 0.6)."),
+    top_p: float = typer.Option(SamplingSpec.top_p, "--top-p", help="Nucleus sampling (Qwen3 thinking: 0.95)."),
+    top_k: int = typer.Option(SamplingSpec.top_k, "--top-k", help="Top-k sampling (Qwen3 thinking: 20)."),
+    max_new_tokens: int = typer.Option(SamplingSpec.max_new_tokens, "--max-new-tokens", help="Output token limit; rows that hit it are recorded with status 'length'. Prompt + this must fit the servers' context length."),
     shard: Optional[str] = typer.Option(None, "--shard", help="i/N: this driver takes the selected rows with row % N == i (one --out per driver)."),
-    gpu_hour_cost: float = typer.Option(0.0, "--gpu-hour-cost", help="Price of one GPU-hour, for cost so far and projected."),
+    gpu_hour_cost: float = typer.Option(DispatchSpec.gpu_hour_cost, "--gpu-hour-cost", help="Price of one GPU-hour, for cost so far and projected."),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs the fleet uses, for cost. Default: from the fleet file, else one per endpoint."),
     mirror: List[str] = typer.Option([], "--mirror", help="Also copy each closed shard to this fsspec URL (repeatable)."),
-    tokenizer: str = typer.Option("qwen3", "--tokenizer", "-t", help="Tokenizer folder (tokenizer.json + chat template) or the preset qwen3: gives the assistant header ids; openai also renders replies with it."),
-    retry_failed: bool = typer.Option(False, "--retry-failed", help="On resume, send the rows recorded as failed again (their old records are replaced)."),
-    max_attempts: int = typer.Option(6, "--max-attempts", help="Attempts per row before it is recorded as failed."),
-    request_timeout: float = typer.Option(3600.0, "--request-timeout", help="Seconds one attempt may take from its connection to the reply's last byte, however the server paces it; then it is retried (long: a disconnect aborts the request on the server). Connecting has its own 10 s."),
+    tokenizer: str = typer.Option(DatasetSpec.tokenizer, "--tokenizer", "-t", help="Tokenizer folder (tokenizer.json + chat template) or the preset qwen3: gives the assistant header ids; openai also renders replies with it."),
+    retry_failed: bool = typer.Option(Selection.retry_failed, "--retry-failed", help="On resume, send the rows recorded as failed again (their old records are replaced)."),
+    max_attempts: int = typer.Option(Retries.max_attempts, "--max-attempts", help="Attempts per row before it is recorded as failed."),
+    request_timeout: float = typer.Option(Timeouts.request, "--request-timeout", help=f"Seconds one attempt may take from its connection to the reply's last byte, however the server paces it; then it is retried (long: a disconnect aborts the request on the server). Connecting has its own {Timeouts.connect:g} s."),
     ca_bundle: Optional[str] = typer.Option(None, "--ca-bundle", help="CA certificates (PEM) that verify https:// servers (default: $SSL_CERT_FILE, $REQUESTS_CA_BUNDLE, else the system's). Proxies: HTTP_PROXY / HTTPS_PROXY, and NO_PROXY for hosts to reach directly."),
-    down_deadline: float = typer.Option(600.0, "--down-deadline", help="Stop (exit 3, resumable) when no endpoint has been healthy for this many seconds (endpoints that never answer at all stop the run at start-up, within seconds)."),
-    shard_rows: int = typer.Option(20000, "--shard-rows", help="Rows per output shard (a shard also closes every 5 minutes)."),
+    down_deadline: float = typer.Option(Timeouts.down_deadline, "--down-deadline", help="Stop (exit 3, resumable) when no endpoint has been healthy for this many seconds (endpoints that never answer at all stop the run at start-up, within seconds)."),
+    shard_rows: int = typer.Option(OutputSpec.shard_rows, "--shard-rows", help=f"Rows per output shard (a shard also closes every {OutputSpec.shard_seconds / 60:g} minutes)."),
     json_out: bool = typer.Option(False, "--json", help="Print the final progress object as JSON on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live display, no log lines, no summary; exit code (and --json) only."),
 ) -> None:
@@ -67,7 +68,7 @@ def regen(
 
     from dqa import api
     from dqa.errors import RegenStopped
-    from dqa.regen.run import DatasetSpec, DispatchSpec, OutputSpec, RegenConfig, Retries, SamplingSpec, Selection, Timeouts
+    from dqa.regen.config import RegenConfig
 
     # Each group checks its own options (UsageError, exit 2) before anything is read.
     output = OutputSpec(out, mirror=tuple(mirror), shard_rows=shard_rows)

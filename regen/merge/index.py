@@ -112,7 +112,8 @@ def read_run_selection(d: Path) -> RunSelection:
     sel, ds_rows = manifest.selection, manifest.dataset_rows
     if sel is None or ds_rows is None:
         return RunSelection(None, ds_rows, f"{run}: no selection recorded; only failed shard rows are listed")
-    from dqa.regen.selection import narrow, parse_shard, selected_rows, selection_digest
+    from dqa.regen.config import parse_shard
+    from dqa.regen.selection import narrow, selected_rows, selection_digest
 
     failed_only = bool(sel.get("failed_only", True))
     findings = Path(manifest.findings) if failed_only and manifest.findings else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from dqa.regen.config import DEFAULT_MERGE_BATCH_ROWS
 from dqa.regen.run_folder import ShardStatus
 
 ACCEPT_CHOICES = (ShardStatus.OK.value, ShardStatus.LENGTH.value)
@@ -32,7 +33,7 @@ class MergeOptions:
 
     failed: str = "keep"
     force: bool = False
-    batch_rows: int = 2048
+    batch_rows: int = DEFAULT_MERGE_BATCH_ROWS
     check_prompts: bool = True
     ids_column: str | None = None
     mask_column: str | None = None

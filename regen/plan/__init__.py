@@ -26,8 +26,10 @@ from dqa.errors import UsageError
 from .budget import Plan, Scenario, compute, parse_scenario
 from .calibrate import Calibration
 from .calibrate import calibrate as run_calibration
-from .counts import TURN_MODES, TurnCounts, count_findings, count_turns, scan_tokens
-from .storage import DEFAULT_AUX_LAYERS, HiddenStateStorage, hidden_state_storage, read_model_config, training_set_tokens
+from dqa.regen.config import DEFAULT_AUX_LAYERS, DEFAULT_CALIBRATE_SAMPLE, DEFAULT_MAX_NEW_TOKENS, DEFAULT_TURNS, TURN_MODES
+
+from .counts import TurnCounts, count_findings, count_turns, scan_tokens
+from .storage import HiddenStateStorage, hidden_state_storage, read_model_config, training_set_tokens
 
 
 @dataclass(frozen=True)
@@ -54,12 +56,12 @@ class PlanInputs:
     scenarios: tuple[str, ...] = ()
     calibrate: bool = False
     endpoints: tuple[str, ...] = ()
-    sample: int = 32
+    sample: int = DEFAULT_CALIBRATE_SAMPLE
     dataset: str | Path | None = None
     calibrate_out: str | Path | None = None
     protocol: str | None = None
-    max_new_tokens: int = 8192
-    turns: str = "flagged"
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    turns: str = DEFAULT_TURNS
     model: str | Path | None = None
     aux_layers: int = DEFAULT_AUX_LAYERS
     storage_tokens: float | None = None

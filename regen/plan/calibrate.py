@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dqa.errors import RuntimeFailure, UsageError
+from dqa.regen.config import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_TOKENIZER
 from dqa.regen.http_probe import answers_ok
 
 
@@ -99,9 +100,9 @@ def calibrate(
     endpoints: list[str],
     out: str | Path | None = None,
     protocol: str | None = None,
-    max_new_tokens: int = 8192,
-    max_in_flight: int = 48,
-    tokenizer: str = "qwen3",
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    tokenizer: str = DEFAULT_TOKENIZER,
     down_deadline: float = 120.0,
     ca_bundle: str | None = None,
 ) -> Calibration:
@@ -114,7 +115,8 @@ def calibrate(
     """
     import tempfile
 
-    from dqa.regen.run import DatasetSpec, DispatchSpec, OutputSpec, RegenConfig, SamplingSpec, Selection, Timeouts, regenerate
+    from dqa.regen.config import DatasetSpec, DispatchSpec, OutputSpec, RegenConfig, SamplingSpec, Selection, Timeouts
+    from dqa.regen.run import regenerate
 
     if sample < 1:
         raise UsageError(f"--sample {sample}: must be >= 1")

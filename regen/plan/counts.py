@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from dqa.errors import InputError, UsageError
+from dqa.regen.config import DEFAULT_TURNS, TURN_MODES
 
-TURN_MODES = ("flagged", "all", "last")
 
 
 def count_findings(path: str | Path) -> int:
@@ -74,7 +74,7 @@ class TurnCounts:
         return {**asdict(self), "selected": self.selected}
 
 
-def count_turns(path: str | Path, mode: str = "flagged") -> TurnCounts | None:
+def count_turns(path: str | Path, mode: str = DEFAULT_TURNS) -> TurnCounts | None:
     """Count the failing samples of a scan (``path``: the folder or its findings.parquet) in turns.
 
     Reads ``findings.parquet`` (``row``, ``turns``) and, next to it, ``metrics.parquet``

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from dqa.errors import InputError, UsageError
+from dqa.regen.config import DEFAULT_AUX_LAYERS
 
-DEFAULT_AUX_LAYERS = 3  # EAGLE-3 (SpecForge, speculators): three auxiliary layers, plus the final one
 # Bytes per value of a hidden state by config dtype; FP8/INT checkpoints still compute (and so
 # store) activations in their compute dtype, named by torch_dtype/dtype (bfloat16 for them all).
 DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "float16": 2, "half": 2, "fp16": 2, "bfloat16": 2, "bf16": 2}

@@ -22,10 +22,11 @@ class Protocol:
     """How a kind's servers are asked for one completion (``POST path``).
 
     ``body`` builds the request of one attempt; ``parse`` reads a 200 reply into an ``Outcome``
-    and never raises for server behaviour. The three hooks let a protocol adapt per endpoint;
-    they do nothing here: ``extras_for`` names optional fields not to send to that endpoint,
-    ``rejected`` reads an error reply that refuses optional fields (the fields to drop and ask
-    again without; empty: an ordinary error), ``replied`` sees every parsed reply.
+    and never raises for server behaviour. The hooks let a protocol adapt per endpoint; they do
+    nothing here: ``use_facts`` takes what the start-up probe found, ``extras_for`` names
+    optional fields not to send to that endpoint, ``rejected`` reads an error reply that refuses
+    optional fields (the fields to drop and ask again without; empty: an ordinary error),
+    ``replied`` sees every parsed reply.
     """
 
     name = ""
@@ -36,6 +37,9 @@ class Protocol:
 
     def parse(self, obj: Any, job):
         raise NotImplementedError
+
+    def use_facts(self, facts: dict[str, Any]) -> None:
+        """Take what the start-up probe found (``{base URL: ServerFacts | None}``)."""
 
     def extras_for(self, url: str) -> frozenset[str]:
         """Optional fields not to send to ``url`` (the endpoint's generate URL)."""
@@ -54,7 +58,11 @@ class ServerKind:
     """One kind of model server: what dqa knows about it apart from the request itself.
 
     ``protocol``: the name of the request protocol its servers speak (a kind that has one of its
-    own names itself). ``health_paths``: where its health is read, best first; a 404 moves on to
+    own names itself; ``dqa regen`` asks that kind for its ``make_protocol``). ``chat_rendered``:
+    the server renders the prompt from chat messages with its own template, so the prompt sent
+    ends at the assistant header and replies are rendered back into tokens with the tokenizer
+    (``--tokenizer`` must be a folder); otherwise the prompt tokens go as they are, the
+    generation prompt past the header included. ``health_paths``: where its health is read, best first; a 404 moves on to
     the next (the first is what `dqa fleet up` waits on). ``launchable``: `dqa fleet up --engine`
     can start it (``launch_argv``). ``status`` fills in what `dqa fleet status` can read besides
     up/down.
@@ -62,6 +70,7 @@ class ServerKind:
 
     name = ""
     protocol = ""
+    chat_rendered = False
     health_paths: tuple[str, ...] = ("/health",)
     launchable = False
     no_metrics = "this server kind reports no metrics"
@@ -78,6 +87,13 @@ class ServerKind:
         ``dqa.regen.transport.Transport``) answered within ``timeout`` seconds: the usage error
         when the server does not speak this protocol, else None. Here: nothing to check."""
         return None
+
+    def make_protocol(self, sampling, spec, model: str) -> Protocol:
+        """The request ``Protocol`` of this kind's protocol for a run: ``sampling`` (a
+        ``config.SamplingSpec``) on every request, ``spec`` the chat format (a
+        ``TemplateSpec``), ``model`` the name to send. Raises ``InputError`` when the chat
+        format cannot serve it."""
+        raise NotImplementedError(f"{self.name}: speaks the {self.protocol} protocol; ask that kind")
 
     # ------------------------------------------------------------------ fleet up
 

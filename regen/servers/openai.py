@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from dqa.regen.client import FAIL, LENGTH, OK, RETRY, Job, Outcome, Sampling, _short, error_in_body
+from dqa.regen.client import FAIL, LENGTH, OK, RETRY, Job, Outcome, _short, error_in_body
+from dqa.regen.config import SamplingSpec
 
 from .base import Protocol, ServerKind
 
@@ -54,7 +55,7 @@ class OpenAIProtocol(Protocol):
     path = "/v1/chat/completions"
     OPTIONAL = ("top_k", "rid") + TOKEN_FIELDS
 
-    def __init__(self, sampling: Sampling, tokenizer, turn_start: int, eot: int, model: str | None = None, token_ids: bool = True):
+    def __init__(self, sampling: SamplingSpec, tokenizer, turn_start: int, eot: int, model: str | None = None, token_ids: bool = True):
         self.sampling = sampling
         self.tokenizer = tokenizer
         self.turn_start = turn_start
@@ -292,6 +293,7 @@ async def probe_token_ids(transport, url: str, timeout: float, model: str | None
 class OpenAI(ServerKind):
     name = "openai"
     protocol = "openai"
+    chat_rendered = True  # the server renders the generation prompt from messages
     # An SGLang behind the OpenAI routes has the real liveness check; other servers answer 404.
     health_paths = ("/health_generate", "/health")
 
@@ -312,6 +314,18 @@ class OpenAI(ServerKind):
         elif facts.kind == "openai":
             facts.token_ids = False  # not SGLang: the text round trip, no probe
         return None
+
+    def make_protocol(self, sampling, spec, model: str) -> Protocol:
+        """``POST /v1/chat/completions``: prompts are decoded with ``tokenizers``; transformers
+        (seconds to import and load) is loaded only when the first reply is rendered with the chat
+        template. Raises ``InputError`` when the tokenizer has no chat template."""
+        from dqa.errors import InputError
+        from dqa.regen.prompts import ChatTokenizer
+
+        tok = ChatTokenizer(spec.tokenizer_dir, lambda: spec.tokenizer)
+        if not tok.chat_template:
+            raise InputError(f"{spec.tokenizer_dir}: tokenizer has no chat template; --protocol {self.protocol} needs one")
+        return OpenAIProtocol(sampling, tok, spec.turn_start, spec.eot, model)
 
 
 KIND = OpenAI()

@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 
 from dqa.regen.client import (
-    ENDPOINT_FAULT_STATUS, FAIL, LENGTH, OK, RETRY, RETRY_STATUS, Job, Outcome, Sampling, _short, error_in_body,
+    ENDPOINT_FAULT_STATUS, FAIL, LENGTH, OK, RETRY, RETRY_STATUS, Job, Outcome, _short, error_in_body,
 )
+from dqa.regen.config import SamplingSpec
 from dqa.regen.http_probe import http_get
 from dqa.regen.server_sglang import MAMBA_STRATEGY_FLAGS, NEWEST_KNOWN, mamba_extra_buffer_flags, parse_version
 
@@ -41,7 +42,7 @@ class SglangProtocol(Protocol):
     name = "sglang"
     path = "/generate"
 
-    def __init__(self, sampling: Sampling, model: str | None = None):
+    def __init__(self, sampling: SamplingSpec, model: str | None = None):
         self.sampling = sampling
         self.model = model or ""
         sp = sampling.as_dict()
@@ -338,6 +339,10 @@ class Sglang(ServerKind):
             what = "an OpenAI-compatible server" if facts.kind == "openai" else "not an SGLang server"
             return f"{name}: this server has no /generate ({what}): use --protocol openai"
         return None
+
+    def make_protocol(self, sampling, spec, model: str) -> Protocol:
+        """``POST /generate`` with the prompt tokens as they are."""
+        return SglangProtocol(sampling, model)
 
     def check_launch(self, spec) -> None:
         pass  # --mtp and --deterministic are SGLang options

@@ -136,7 +136,7 @@ def start_fleet(folder: Path, n: int = 3, *extra: str, restartable: bool = False
 
 def fast_config(data: RegenData, out: Path, urls: list[str], log=None, **over):
     """A RegenConfig with test-sized timings (health every 0.3 s, short backoff, small shards)."""
-    from dqa.regen.run import RegenConfig
+    from dqa.regen.config import RegenConfig
 
     kw = dict(
         dataset=str(data.dataset), out=str(out), endpoints=list(urls), failed_only=True, findings=str(data.findings),
