@@ -26,7 +26,7 @@ app = typer.Typer(
 )
 
 # Commands in the order `dqa --help` lists them.
-COMMANDS = ["scan", "plan", "fleet", "regen", "merge", "validate", "gate", "report"]
+COMMANDS = ["scan", "plan", "fleet", "regen", "merge", "repair", "validate", "gate", "report"]
 
 for _name in COMMANDS:
     if importlib.util.find_spec(f"dqa.commands.{_name}") is not None:

