@@ -13,7 +13,7 @@ app = typer.Typer(
     name="dqa",
     help=(
         "Audit, regenerate and gate tokenized LLM training sets.\n\n"
-        "Typical flow: dqa scan DATA -> dqa regen DATA --failed-only -> dqa merge -> dqa gate.\n\n"
+        "Typical flow: dqa scan DATA -> dqa regen DATA --failed-only -> dqa merge -> dqa gate; or all of it, round after round: dqa repair.\n\n"
         "Exit codes: 0 ok, 1 quality failure, 2 usage or input error, 3 runtime failure."
     ),
     no_args_is_help=True,
