@@ -370,11 +370,11 @@ def part_loopback(args: argparse.Namespace, work: Path) -> dict:
     print(f"dqa / requests thread-pool on /generate: {_median(req_ratio):.1f}x req/s")
     print(f"dqa / plain asyncio floor: {_median(floor_ratio):.2f}x req/s (rounds: {', '.join(f'{x:.2f}x' for x in floor_ratio)})")
     print(f"dqa req/s: {_median(dqa_rps):.0f} (rounds: {', '.join(f'{x:.0f}' for x in dqa_rps)})")
-    print(f"goal: >= 3x the openai baseline -> {'met' if min(ratio) >= 3 else 'MISSED'} in every round")
+    print(f"goal: >= 3x the openai baseline -> met in {sum(x >= 3 for x in ratio)} of {len(ratio)} rounds")
     if args.dqa_python:
         other_cpu = [f[0].cpu_us / f[4].cpu_us for f in rounds]
         print(f"dqa client CPU per request / the other tree's: rounds {', '.join(f'{x:.2f}x' for x in other_cpu)}; goal <= 1.5x -> "
-              f"{'met' if max(other_cpu) <= 1.5 else 'MISSED'} in every round")
+              f"met in {sum(x <= 1.5 for x in other_cpu)} of {len(other_cpu)} rounds (median {_median(other_cpu):.2f}x)")
     return {
         "rounds": [{f.name: {"requests": f.requests, "wall_s": f.wall_s, "req_per_s": f.rps, "steady_req_per_s": f.steady_rps,
                              "client_cpu_us_per_req": f.cpu_us,
