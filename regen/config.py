@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dqa.errors import UsageError
-from dqa.regen.prompts import TURN_MODES
-from dqa.regen.selection import parse_shard
+from dqa.regen.jobs.prompts import TURN_MODES
+from dqa.regen.jobs.rows import parse_shard
 
 PROTOCOLS = ("sglang", "openai")
 
@@ -98,8 +98,8 @@ class SamplingSpec:
             raise UsageError("--max-new-tokens must be >= 1")
 
     def sampling(self):
-        """The request sampling (``dqa.regen.client.Sampling``)."""
-        from dqa.regen.client import Sampling
+        """The request sampling (``dqa.regen.jobs.job.Sampling``)."""
+        from dqa.regen.jobs.job import Sampling
 
         return Sampling(self.temperature, self.top_p, self.top_k, self.max_new_tokens)
 

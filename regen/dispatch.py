@@ -36,7 +36,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from dqa.regen.client import FAIL, FATAL, LENGTH, OK, RETRY, Job, Outcome, call
+from dqa.regen.client import FAIL, FATAL, LENGTH, OK, RETRY, Outcome, call
+from dqa.regen.jobs.job import Job
 from dqa.regen.transport import AiohttpTransport, Transport, TransportError
 from dqa.regen.journal import Result, encode
 from dqa.regen.progress import EndpointCounts, Progress

@@ -224,7 +224,7 @@ def read_run_selection(d: Path) -> RunSelection:
     sel, ds_rows = manifest.selection, manifest.dataset_rows
     if sel is None or ds_rows is None:
         return RunSelection(None, ds_rows, f"{run}: no selection recorded; only failed shard rows are listed")
-    from dqa.regen.selection import narrow, parse_shard, selected_rows, selection_digest
+    from dqa.regen.jobs.rows import narrow, parse_shard, selected_rows, selection_digest
 
     failed_only = bool(sel.get("failed_only", True))
     findings = Path(manifest.findings) if failed_only and manifest.findings else None
@@ -515,7 +515,7 @@ def rebuild_in_convention(values: np.ndarray, offsets: np.ndarray, fmt: Any, con
     its end of turn (and the tokens after it when trained; up to it when not ``eot_trained``); a
     final turn without end of turn (a length cut) is trained to the sample's end.
     Vectorized over all samples (loops only over the few tokens of a header or think prefix)."""
-    from dqa.regen.prompts import header_starts
+    from dqa.regen.jobs.prompts import header_starts
 
     values = np.asarray(values)
     offsets = np.asarray(offsets, dtype=np.int64)

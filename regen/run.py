@@ -34,14 +34,16 @@ import numpy as np
 
 from dqa import atomic
 from dqa.errors import EXIT_OK, EXIT_RUNTIME, InputError, UsageError
-from dqa.regen.client import OpenAIProtocol, Sampling, SglangProtocol
+from dqa.regen.client import OpenAIProtocol, SglangProtocol
+from dqa.regen.jobs.job import Sampling
 from dqa.regen.config import (DatasetSpec, DispatchSpec, OutputSpec, RegenConfig, Retries, SamplingSpec, Selection,  # noqa: F401 - re-exported
                               Timeouts)
 from dqa.regen.dispatch import DispatchSettings, Dispatcher, open_transport
 from dqa.regen.journal import Journal, Recovery, partial_outputs, recover
 from dqa.regen.progress import Progress, render
 from dqa.regen.run_folder import OWN_NAMES, RUN_JSON, RUN_VERSION, RunFolder, RunManifest, list_shards  # noqa: F401 - re-exported
-from dqa.regen.selection import check_findings_for, findings_for, iter_turn_jobs, narrow, read_first_turns, selected_rows, selection_digest
+from dqa.regen.jobs.rows import check_findings_for, findings_for, narrow, read_first_turns, selected_rows, selection_digest
+from dqa.regen.jobs.turns import iter_turn_jobs
 from dqa.regen.upload import Target, Uploader, is_url, local_path, pull_shards, stage_dir
 from dqa.regen.urls import strip_userinfo
 
@@ -158,7 +160,7 @@ def _make_protocol(protocol_name: str, spec, sampling: Sampling, model: str):
     import and load) is loaded only when the first reply is rendered with the chat template."""
     if protocol_name != "openai":
         return SglangProtocol(sampling, model)
-    from dqa.regen.prompts import ChatTokenizer
+    from dqa.regen.jobs.prompts import ChatTokenizer
 
     tok = ChatTokenizer(spec.tokenizer_dir, lambda: spec.tokenizer)
     if not tok.chat_template:

@@ -24,7 +24,8 @@ import httpx
 import numpy as np
 import pytest
 
-from dqa.regen.client import TEXT, TOKEN_EXACT, Job, OpenAIProtocol, Sampling, call
+from dqa.regen.client import TEXT, TOKEN_EXACT, OpenAIProtocol, call
+from dqa.regen.jobs.job import Job, Sampling
 from dqa.regen.run import RegenConfig, regenerate
 from dqa.regen.server_probe import PROBE_IDS, ServerFacts, token_ids_answer
 from dqa.regen.transport import Transport

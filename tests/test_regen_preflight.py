@@ -293,10 +293,10 @@ def test_with_deterministic_inference_seeds_reproduce_the_outputs(data, tmp_path
 
 
 def test_an_unknown_sampling_field_stops_the_run_as_a_bug_and_records_no_row(data, tmp_path, monkeypatch):
-    from dqa.regen import client
+    from dqa.regen.jobs import job
 
-    real = client.Sampling.as_dict
-    monkeypatch.setattr(client.Sampling, "as_dict", lambda self: {**real(self), "min_tokens": 1})  # a field SGLang lacks
+    real = job.Sampling.as_dict
+    monkeypatch.setattr(job.Sampling, "as_dict", lambda self: {**real(self), "min_tokens": 1})  # a field SGLang lacks
     with StubServer(tmp_path) as s:  # 0.5.23: /generate checks its body
         res, _ = _run(data, tmp_path / "out", [s.url], max_in_flight=2)
         sent = s.status()["n_generate"]

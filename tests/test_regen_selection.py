@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dqa.errors import InputError, UsageError
-from dqa.regen.selection import parse_shard, read_findings, select_rows
+from dqa.regen.jobs.rows import parse_shard, read_findings, select_rows
 from regen_helpers import write_findings
 
 

@@ -25,7 +25,8 @@ import httpx
 import numpy as np
 import pytest
 
-from dqa.regen.client import Job, Sampling, SglangProtocol
+from dqa.regen.client import SglangProtocol
+from dqa.regen.jobs.job import Job, Sampling
 from servers.sglang_contract import StubServer
 
 PROMPT = [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]

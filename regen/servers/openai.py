@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from dqa.regen.client import FAIL, LENGTH, OK, RETRY, Job, Outcome, Sampling, _short, error_in_body
+from dqa.regen.client import FAIL, LENGTH, OK, RETRY, Outcome, _short, error_in_body
+from dqa.regen.jobs.job import Job, Sampling
 
 from .base import Protocol, ServerKind
 
@@ -109,7 +110,7 @@ class OpenAIProtocol(Protocol):
             self.learn(url, outcome.route)
 
     def messages(self, job: Job) -> list[dict]:
-        from dqa.regen.prompts import chatml_messages
+        from dqa.regen.jobs.prompts import chatml_messages
 
         if job.messages is None:
             job.messages = chatml_messages(job.prompt, self.tokenizer, self.turn_start, self.eot)

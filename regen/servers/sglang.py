@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 
 from dqa.regen.client import (
-    ENDPOINT_FAULT_STATUS, FAIL, LENGTH, OK, RETRY, RETRY_STATUS, Job, Outcome, Sampling, _short, error_in_body,
+    ENDPOINT_FAULT_STATUS, FAIL, LENGTH, OK, RETRY, RETRY_STATUS, Outcome, _short, error_in_body,
 )
+from dqa.regen.jobs.job import Job, Sampling
 from dqa.regen.http_probe import http_get
 from dqa.regen.server_sglang import MAMBA_STRATEGY_FLAGS, NEWEST_KNOWN, mamba_extra_buffer_flags, parse_version
 
