@@ -36,14 +36,15 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from dqa.regen.client import FAIL, FATAL, LENGTH, OK, RETRY, Outcome, call
+from dqa.regen.wire.call import call
+from dqa.regen.wire.outcome import FAIL, FATAL, LENGTH, OK, RETRY, Outcome
 from dqa.regen.jobs.job import Job
-from dqa.regen.transport import AiohttpTransport, Transport, TransportError
+from dqa.regen.wire.transport import AiohttpTransport, Transport, TransportError
 from dqa.regen.journal import Result, encode
 from dqa.regen.progress import EndpointCounts, Progress
 from dqa.regen.server_probe import SeedNotice, ServerFacts, describe, discover
 from dqa.regen.servers import KINDS
-from dqa.regen.urls import strip_userinfo
+from dqa.regen.wire.urls import strip_userinfo
 
 STATUS = {OK: "ok", LENGTH: "length", FAIL: "failed"}
 

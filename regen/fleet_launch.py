@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 from dqa.errors import InputError, RuntimeFailure, UsageError
 
 from .fleet_file import Endpoint, redact
-from .http_probe import answers_ok
+from .wire.http_probe import answers_ok
 from .server_sglang import parse_version
 from .servers import ENGINES, KINDS
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from .fleet_file import Endpoint, Fleet
 from .fleet_launch import is_local_host, verify_process
-from .http_probe import http_get
+from .wire.http_probe import http_get
 from .servers import KINDS
 
 # SGLang's metrics and decode-log parsing live with its server kind; importable here as before.

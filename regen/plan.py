@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager
 
 from dqa.errors import InputError, RuntimeFailure, UsageError
-from .http_probe import answers_ok
+from .wire.http_probe import answers_ok
 
 SECONDS_PER_HOUR = 3600.0
 SECONDS_PER_DAY = 86400.0
@@ -559,7 +559,7 @@ def calibrate(
         from .fleet_file import read_fleet
 
         urls = read_fleet(fleet).urls
-    from .http_policy import HttpPolicy
+    from .wire.http_policy import HttpPolicy
 
     policy = HttpPolicy(ca_bundle)  # the same TLS trust and proxies as the regen run below
     if not any(answers_ok(u.rstrip("/") + "/health", 5.0, policy) for u in urls):

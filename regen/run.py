@@ -34,7 +34,8 @@ import numpy as np
 
 from dqa import atomic
 from dqa.errors import EXIT_OK, EXIT_RUNTIME, InputError, UsageError
-from dqa.regen.client import OpenAIProtocol, SglangProtocol
+from dqa.regen.servers.openai import OpenAIProtocol
+from dqa.regen.servers.sglang import SglangProtocol
 from dqa.regen.jobs.job import Sampling
 from dqa.regen.config import (DatasetSpec, DispatchSpec, OutputSpec, RegenConfig, Retries, SamplingSpec, Selection,  # noqa: F401 - re-exported
                               Timeouts)
@@ -45,7 +46,7 @@ from dqa.regen.run_folder import OWN_NAMES, RUN_JSON, RUN_VERSION, RunFolder, Ru
 from dqa.regen.jobs.rows import check_findings_for, findings_for, narrow, read_first_turns, selected_rows, selection_digest
 from dqa.regen.jobs.turns import iter_turn_jobs
 from dqa.regen.upload import Target, Uploader, is_url, local_path, pull_shards, stage_dir
-from dqa.regen.urls import strip_userinfo
+from dqa.regen.wire.urls import strip_userinfo
 
 
 @dataclass

@@ -41,9 +41,9 @@ from dqa.errors import RuntimeFailure, UsageError
 
 from . import server_sglang as sg
 from .servers import KINDS
-from .transport import AiohttpTransport, Transport, TransportError
+from .wire.transport import AiohttpTransport, Transport, TransportError
 from .servers.openai import PROBE_IDS, probe_token_ids, token_ids_answer  # noqa: F401  (the token-exact probe)
-from .urls import strip_userinfo
+from .wire.urls import strip_userinfo
 
 SGLANG = "sglang"
 OPENAI = "openai"

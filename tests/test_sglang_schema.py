@@ -25,7 +25,7 @@ import httpx
 import numpy as np
 import pytest
 
-from dqa.regen.client import SglangProtocol
+from dqa.regen.servers.sglang import SglangProtocol
 from dqa.regen.jobs.job import Job, Sampling
 from servers.sglang_contract import StubServer
 

@@ -177,7 +177,7 @@ def test_the_openai_protocol_gives_the_same_requests_and_tokens_with_either_toke
 
     import numpy as np
 
-    from dqa.regen.client import OpenAIProtocol
+    from dqa.regen.servers.openai import OpenAIProtocol
     from dqa.regen.jobs.job import Job, Sampling
 
     msgs = CONVERSATIONS[2][:-1] + [{"role": "assistant", "content": "x"}]

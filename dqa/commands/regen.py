@@ -68,7 +68,7 @@ def regen(
     from dqa.errors import DqaError
     from dqa.regen.run import (DatasetSpec, DispatchSpec, OutputSpec, RegenConfig, Retries, SamplingSpec, Selection, Timeouts,
                                regenerate)
-    from dqa.regen.urls import strip_userinfo
+    from dqa.regen.wire.urls import strip_userinfo
 
     # Each group checks its own options (UsageError, exit 2) before anything is read.
     output = OutputSpec(out, mirror=tuple(mirror), shard_rows=shard_rows)

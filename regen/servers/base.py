@@ -1,7 +1,7 @@
 """The two extension points every server kind fills in: its request ``Protocol`` and its ``ServerKind``.
 
 A ``Protocol`` turns one ``Job`` attempt into a request body and a reply into an ``Outcome``
-(``dqa.regen.client.call`` does the HTTP around it, the same for every kind). A ``ServerKind``
+(``dqa.regen.wire.call.call`` does the HTTP around it, the same for every kind). A ``ServerKind``
 says the rest: which protocol its servers speak, where their health is read, how `dqa fleet up`
 launches one, and what `dqa fleet status` can read from it. One module per kind implements both
 (``servers/sglang.py``, ``servers/openai.py``, ``servers/transformers.py``); the registry is
@@ -75,7 +75,7 @@ class ServerKind:
         """Start-up checks of one reachable endpoint (base ``url``; ``name`` without credentials)
         for ``dqa regen --protocol`` this kind, after ``server_probe.discover`` found ``facts``
         (a ``ServerFacts``, updated in place), with requests over ``transport`` (a
-        ``dqa.regen.transport.Transport``) answered within ``timeout`` seconds: the usage error
+        ``dqa.regen.wire.transport.Transport``) answered within ``timeout`` seconds: the usage error
         when the server does not speak this protocol, else None. Here: nothing to check."""
         return None
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from dqa.regen.client import FAIL, LENGTH, OK, RETRY, Outcome, _short, error_in_body
+from dqa.regen.wire.outcome import FAIL, LENGTH, OK, RETRY, Outcome, error_in_body, short
 from dqa.regen.jobs.job import Job, Sampling
 
 from .base import Protocol, ServerKind
@@ -158,7 +158,7 @@ class OpenAIProtocol(Protocol):
             message = choice.get("message") or {}
             finish = choice.get("finish_reason") or ""
         except (KeyError, IndexError, TypeError, AttributeError):
-            return Outcome(FAIL, error=f"reply has no choices[0]: {_short(obj, 120)}")
+            return Outcome(FAIL, error=f"reply has no choices[0]: {short(obj, 120)}")
         if finish == "abort":
             return Outcome(RETRY, finish_reason="abort", error="aborted by server")
         exact = self.token_exact_ids(choice, job)
@@ -268,8 +268,8 @@ async def probe_token_ids(transport, url: str, timeout: float, model: str | None
     """Ask an endpoint (base URL) once whether its ``/v1/chat/completions`` is token-exact: a
     one-token request with ``input_ids`` ``PROBE_IDS`` and ``"return_token_ids": true`` (see
     ``token_ids_answer``), answered within ``timeout`` seconds, over ``transport`` (a
-    ``dqa.regen.transport.Transport``). Never raises for server behaviour."""
-    from dqa.regen.transport import TransportError
+    ``dqa.regen.wire.transport.Transport``). Never raises for server behaviour."""
+    from dqa.regen.wire.transport import TransportError
 
     body: dict[str, Any] = {
         "messages": [{"role": "user", "content": "hi"}], "input_ids": PROBE_IDS, "return_token_ids": True,

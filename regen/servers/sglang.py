@@ -24,11 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from dqa.regen.client import (
-    ENDPOINT_FAULT_STATUS, FAIL, LENGTH, OK, RETRY, RETRY_STATUS, Outcome, _short, error_in_body,
-)
+from dqa.regen.wire.outcome import ENDPOINT_FAULT_STATUS, FAIL, LENGTH, OK, RETRY, RETRY_STATUS, Outcome, error_in_body, short
 from dqa.regen.jobs.job import Job, Sampling
-from dqa.regen.http_probe import http_get
+from dqa.regen.wire.http_probe import http_get
 from dqa.regen.server_sglang import MAMBA_STRATEGY_FLAGS, NEWEST_KNOWN, mamba_extra_buffer_flags, parse_version
 
 from .base import Protocol, ServerKind
@@ -66,7 +64,7 @@ class SglangProtocol(Protocol):
         if isinstance(obj, list) and len(obj) == 1:
             obj = obj[0]
         if not isinstance(obj, dict):
-            return Outcome(FAIL, error=f"reply is not a JSON object: {_short(obj, 120)}")
+            return Outcome(FAIL, error=f"reply is not a JSON object: {short(obj, 120)}")
         meta = obj.get("meta_info") or {}
         fr = meta.get("finish_reason")
         if isinstance(fr, dict):
@@ -83,8 +81,8 @@ class SglangProtocol(Protocol):
                 # output is dropped and the row is asked again.
                 partial = obj.get("output_ids")
                 n = len(partial) if isinstance(partial, list) else 0
-                return Outcome(RETRY, finish_reason="abort", error=f"aborted by the server (HTTP 200, no status code): {_short(msg) or 'Aborted'}; {n} partial tokens dropped")
-            err = f"aborted by the server ({code}): {_short(msg)}"
+                return Outcome(RETRY, finish_reason="abort", error=f"aborted by the server (HTTP 200, no status code): {short(msg) or 'Aborted'}; {n} partial tokens dropped")
+            err = f"aborted by the server ({code}): {short(msg)}"
             if 400 <= code < 500 and code not in RETRY_STATUS:
                 return Outcome(FAIL, finish_reason="abort", error=err)
             return Outcome(RETRY, finish_reason="abort", error=err, endpoint_fault=code in ENDPOINT_FAULT_STATUS)
