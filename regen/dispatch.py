@@ -40,7 +40,7 @@ from dqa.regen.wire.call import call
 from dqa.regen.wire.outcome import FAIL, FATAL, LENGTH, OK, RETRY, Outcome
 from dqa.regen.jobs.job import Job
 from dqa.regen.wire.transport import AiohttpTransport, Transport, TransportError
-from dqa.regen.journal import Result, encode
+from dqa.regen.store.journal import Result, encode
 from dqa.regen.progress import EndpointCounts, Progress
 from dqa.regen.server_probe import SeedNotice, ServerFacts, describe, discover
 from dqa.regen.servers import KINDS

@@ -78,7 +78,8 @@ from dqa.arrays import ranks as _ranks
 from dqa.audit import formats
 from dqa.audit.readers import IGNORE_INDEX, _is_int_list, flatten_token_lists, is_nested_list, nest_token_lists
 from dqa.errors import InputError, RuntimeFailure
-from dqa.regen.run_folder import STATUSES, RunFolder, RunManifest, ShardStatus
+from dqa.regen.store.folder import RunFolder, RunManifest
+from dqa.regen.store.shards import STATUSES, ShardStatus
 
 PROVENANCE_COLUMN = "dqa_regen"
 PROVENANCE_TYPE = pa.struct(

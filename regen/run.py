@@ -40,12 +40,13 @@ from dqa.regen.jobs.job import Sampling
 from dqa.regen.config import (DatasetSpec, DispatchSpec, OutputSpec, RegenConfig, Retries, SamplingSpec, Selection,  # noqa: F401 - re-exported
                               Timeouts)
 from dqa.regen.dispatch import DispatchSettings, Dispatcher, open_transport
-from dqa.regen.journal import Journal, Recovery, partial_outputs, recover
+from dqa.regen.store.journal import Journal, Recovery, partial_outputs, recover
 from dqa.regen.progress import Progress, render
-from dqa.regen.run_folder import OWN_NAMES, RUN_JSON, RUN_VERSION, RunFolder, RunManifest, list_shards  # noqa: F401 - re-exported
+from dqa.regen.store.folder import OWN_NAMES, RUN_JSON, RUN_VERSION, RunFolder, RunManifest  # noqa: F401 - re-exported
+from dqa.regen.store.shards import list_shards
 from dqa.regen.jobs.rows import check_findings_for, findings_for, narrow, read_first_turns, selected_rows, selection_digest
 from dqa.regen.jobs.turns import iter_turn_jobs
-from dqa.regen.upload import Target, Uploader, is_url, local_path, pull_shards, stage_dir
+from dqa.regen.store.upload import Target, Uploader, is_url, local_path, pull_shards, stage_dir
 from dqa.regen.wire.urls import strip_userinfo
 
 

@@ -86,7 +86,7 @@ def read_shards(regen_dir: Path) -> pl.DataFrame:
     true where it finishes its sample (the conversation's last turn, or a turn that failed or was
     cut, which ends it; always for shards written before multi-turn regeneration). Raises
     ``InputError`` naming the folder when a shard lacks a column."""
-    from dqa.regen.run_folder import list_shards
+    from dqa.regen.store.shards import list_shards
 
     folder = regen_dir / "shards"
     files = list_shards(regen_dir)  # the shards merge and resume read: not temp files or strays
@@ -130,7 +130,7 @@ def load_inputs(
         rd = Path(regen_dir)
         if not rd.is_dir():
             raise InputError(f"{rd}: no such regen folder")
-        from dqa.regen.run_folder import ShardStatus
+        from dqa.regen.store.shards import ShardStatus
 
         inputs.regen_dir = rd
         inputs.shards = read_shards(rd)

@@ -162,7 +162,7 @@ def test_a_journal_record_of_a_run_before_multi_turn_replaces_the_final_assistan
 
     import numpy as np
 
-    from dqa.regen.journal import FIXED, FRAME, decode_segment, results_table, shard_path, write_table
+    from dqa.regen.store.journal import FIXED, FRAME, decode_segment, results_table, shard_path, write_table
     from dqa.regen.merge import _turn_outputs, load_regen_index
 
     meta = _json.dumps(["c", "ok", "stop", None, "e", "m", "{}"]).encode()  # the old 7-field meta
@@ -181,7 +181,7 @@ def test_a_turn_recorded_twice_is_refused(tmp_path):
     import numpy as np
 
     from dqa.errors import RuntimeFailure
-    from dqa.regen.journal import Result, results_table, shard_path, write_table
+    from dqa.regen.store.journal import Result, results_table, shard_path, write_table
     from dqa.regen.merge import load_regen_index
 
     def rec(turn):
