@@ -25,8 +25,7 @@ from typing import Any, Callable
 from dqa.errors import UsageError
 from dqa.regen.jobs.prompts import TURN_MODES
 from dqa.regen.jobs.rows import parse_shard
-
-PROTOCOLS = ("sglang", "openai")
+from dqa.regen.servers import PROTOCOLS
 
 
 @dataclass(frozen=True)

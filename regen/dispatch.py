@@ -12,7 +12,7 @@ requests are cancelled and go back to the queue for the others, and it is
 probed back in with its server kind's health path (``/health_generate``; ``/health`` for servers
 without it: ``servers.base.ServerKind.health_paths``).
 
-What each endpoint is (``server_probe.ServerFacts``: context length, speculative reserve,
+What each endpoint is (``servers.facts.ServerFacts``: context length, speculative reserve,
 version, whether seeds take effect) comes from the start-up preflight, or is asked once the
 endpoint first becomes healthy; ``max_new_tokens`` is capped per request so SGLang's length
 check passes, and each row's ``sampling`` records ``seed_applied``.
@@ -42,7 +42,7 @@ from dqa.regen.jobs.job import Job
 from dqa.regen.wire.transport import AiohttpTransport, Transport, TransportError
 from dqa.regen.store.journal import Result, encode
 from dqa.regen.progress import EndpointCounts, Progress
-from dqa.regen.server_probe import SeedNotice, ServerFacts, describe, discover
+from dqa.regen.servers.facts import SeedNotice, ServerFacts, describe, discover
 from dqa.regen.servers import KINDS
 from dqa.regen.wire.urls import strip_userinfo
 
@@ -325,7 +325,7 @@ class Dispatcher:
 
     def _max_new(self, job: Job, ep: Endpoint | None) -> int:
         """max_new_tokens for this request: the configured limit, capped so that the server's length
-        check passes (context - prompt - speculative reserve, per its version; see server_sglang)."""
+        check passes (context - prompt - speculative reserve, per its version; see servers.sglang_releases)."""
         n = self.protocol.sampling.max_new_tokens
         cap = ep.facts.output_cap(int(job.prompt.size)) if ep is not None and ep.facts is not None else None
         if cap is not None:

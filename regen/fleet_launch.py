@@ -35,7 +35,7 @@ from dqa.errors import InputError, RuntimeFailure, UsageError
 
 from .fleet_file import Endpoint, redact
 from .wire.http_probe import answers_ok
-from .server_sglang import parse_version
+from .servers.sglang_releases import parse_version
 from .servers import ENGINES, KINDS
 
 # The launch knowledge of each engine lives in its server kind; these names stay importable here.
@@ -75,7 +75,7 @@ class LaunchSpec:
     env: dict[str, str] = field(default_factory=dict)
     log_dir: Path = Path("fleet-logs")
     hybrid: bool | None = None  # hybrid Mamba model; None: read the model's config.json
-    sglang_version: str | None = None  # the servers' SGLang release; None: the newest known (server_sglang.NEWEST_KNOWN)
+    sglang_version: str | None = None  # the servers' SGLang release; None: the newest known (servers.sglang_releases.NEWEST_KNOWN)
     deterministic: bool = False  # --enable-deterministic-inference
 
 

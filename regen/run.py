@@ -476,7 +476,8 @@ def _probe_servers(c: RegenConfig, servers: _Servers, protocol: Any, wire: _Wire
     """Before the first request: which endpoints answer and what they are. Returns the facts per URL
     (None: not reachable yet); raises ``UsageError`` (exit 2) for an endpoint of the wrong protocol
     or with a TLS certificate it cannot verify, and ``RuntimeFailure`` (exit 3) when none answers at all."""
-    from dqa.regen.server_probe import describe, preflight_async
+    from dqa.regen.preflight import preflight_async
+    from dqa.regen.servers.facts import describe
 
     t = c.dispatch.timeouts
     facts = wire.run(preflight_async(servers.urls, servers.protocol, servers.headers, connect_timeout=t.connect,

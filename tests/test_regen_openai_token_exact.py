@@ -28,7 +28,8 @@ from dqa.regen.servers.openai import TEXT, TOKEN_EXACT, OpenAIProtocol
 from dqa.regen.wire.call import call
 from dqa.regen.jobs.job import Job, Sampling
 from dqa.regen.run import RegenConfig, regenerate
-from dqa.regen.server_probe import PROBE_IDS, ServerFacts, token_ids_answer
+from dqa.regen.servers.facts import ServerFacts
+from dqa.regen.servers.openai import PROBE_IDS, token_ids_answer
 from dqa.regen.wire.transport import Transport
 from regen_helpers import degenerate_dataset, read_shards, write_findings
 from servers.sglang_contract import StubServer

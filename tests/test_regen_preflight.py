@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from dqa.errors import RuntimeFailure, UsageError
-from dqa.regen import server_sglang as sg
+from dqa.regen.servers import sglang_releases as sg
 from dqa.regen.wire.outcome import FATAL, FAIL, RETRY, classify_status
 from dqa.regen.run import RegenConfig, regenerate
-from dqa.regen.server_probe import facts_from
+from dqa.regen.servers.facts import facts_from
 from regen_helpers import degenerate_dataset, read_shards, write_findings
 from servers.sglang_contract import StubServer
 

@@ -73,7 +73,7 @@ class ServerKind:
 
     async def preflight(self, transport, url: str, name: str, facts, timeout: float) -> str | None:
         """Start-up checks of one reachable endpoint (base ``url``; ``name`` without credentials)
-        for ``dqa regen --protocol`` this kind, after ``server_probe.discover`` found ``facts``
+        for ``dqa regen --protocol`` this kind, after ``facts.discover`` found ``facts``
         (a ``ServerFacts``, updated in place), with requests over ``transport`` (a
         ``dqa.regen.wire.transport.Transport``) answered within ``timeout`` seconds: the usage error
         when the server does not speak this protocol, else None. Here: nothing to check."""

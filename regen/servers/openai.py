@@ -13,7 +13,7 @@ server, an older SGLang: unknown chat fields are ignored there, or refused with 
 them) the text round trip: the reply (``reasoning_content`` + ``content``) is rendered back into
 tokens with the tokenizer's chat template, and the rendered prompt part must equal the prompt
 tokens; whitespace the server trimmed is lost. Which route an endpoint takes is decided at
-start-up (``server_probe``: a one-token probe request) or by its first reply, per endpoint
+start-up (the preflight, ``OpenAI.preflight``: a one-token probe request) or by its first reply, per endpoint
 (``OpenAIProtocol.routes``). Output token counts everywhere are the tokens that go into the
 shard, not the reply's ``usage``.
 """
@@ -67,7 +67,7 @@ class OpenAIProtocol(Protocol):
 
     def use_facts(self, facts: dict[str, Any]) -> None:
         """Take the start-up probe's findings (``{base URL: ServerFacts | None}``, see
-        ``server_probe.preflight``): an endpoint whose ``token_ids`` is known gets that route; the
+        ``dqa.regen.preflight.preflight``): an endpoint whose ``token_ids`` is known gets that route; the
         facts objects are kept and their ``token_ids`` updated when a reply says otherwise."""
         for url, f in facts.items():
             if f is None:
@@ -300,7 +300,7 @@ class OpenAI(ServerKind):
         """No ``/v1/chat/completions`` (404) is the wrong protocol. Otherwise an SGLang endpoint
         gets the token-exact probe (``facts.token_ids``); another server takes the text round
         trip, unprobed; a server that did not say what it is stays unknown (its first reply decides)."""
-        from dqa.regen.server_probe import redirected, route_status
+        from dqa.regen.servers.facts import redirected, route_status
 
         status = await route_status(transport, url + OpenAIProtocol.path, timeout)
         if (moved := redirected(name, OpenAIProtocol.path, status)) is not None:

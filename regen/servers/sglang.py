@@ -1,7 +1,7 @@
 """SGLang: the native token-exact ``/generate`` protocol, ``/health_generate``, the
 ``python -m sglang.launch_server`` command of `dqa fleet up` and the Prometheus ``/metrics`` (or
 ``Decode batch`` log line) `dqa fleet status` reads. Facts per SGLang release (length check, the
-Mamba cache strategy flag) are in ``dqa.regen.server_sglang``; see shared/SGLANG.md.
+Mamba cache strategy flag) are in ``servers.sglang_releases``; see shared/SGLANG.md.
 
 Request: ``POST /generate`` with ``input_ids`` and ``sampling_params``; the reply's
 ``output_ids`` are kept as is (token-exact). Aborts follow SGLang (SGLANG.md, "Aborts"): a plain
@@ -27,7 +27,7 @@ import numpy as np
 from dqa.regen.wire.outcome import ENDPOINT_FAULT_STATUS, FAIL, LENGTH, OK, RETRY, RETRY_STATUS, Outcome, error_in_body, short
 from dqa.regen.jobs.job import Job, Sampling
 from dqa.regen.wire.http_probe import http_get
-from dqa.regen.server_sglang import MAMBA_STRATEGY_FLAGS, NEWEST_KNOWN, mamba_extra_buffer_flags, parse_version
+from dqa.regen.servers.sglang_releases import MAMBA_STRATEGY_FLAGS, NEWEST_KNOWN, mamba_extra_buffer_flags, parse_version
 
 from .base import Protocol, ServerKind
 
@@ -328,7 +328,7 @@ class Sglang(ServerKind):
         POST-only route answers 405) is the wrong protocol."""
         if facts.kind == "sglang":
             return None
-        from dqa.regen.server_probe import redirected, route_status
+        from dqa.regen.servers.facts import redirected, route_status
 
         status = await route_status(transport, url + SglangProtocol.path, timeout)
         if (moved := redirected(name, SglangProtocol.path, status)) is not None:
