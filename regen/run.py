@@ -39,9 +39,9 @@ from dqa.regen.servers.sglang import SglangProtocol
 from dqa.regen.jobs.job import Sampling
 from dqa.regen.config import (DatasetSpec, DispatchSpec, OutputSpec, RegenConfig, Retries, SamplingSpec, Selection,  # noqa: F401 - re-exported
                               Timeouts)
-from dqa.regen.dispatch import DispatchSettings, Dispatcher, open_transport
+from dqa.regen.dispatch.scheduler import DispatchSettings, Dispatcher, open_transport
 from dqa.regen.store.journal import Journal, Recovery, partial_outputs, recover
-from dqa.regen.progress import Progress, render
+from dqa.regen.dispatch.progress import Progress, render
 from dqa.regen.store.folder import OWN_NAMES, RUN_JSON, RUN_VERSION, RunFolder, RunManifest  # noqa: F401 - re-exported
 from dqa.regen.store.shards import list_shards
 from dqa.regen.jobs.rows import check_findings_for, findings_for, narrow, read_first_turns, selected_rows, selection_digest
@@ -190,7 +190,7 @@ def _prior_working_time(prior: dict[str, Any], out: Path) -> float:
         return elapsed
     import pyarrow.parquet as pq
 
-    from dqa.regen.progress import active_seconds
+    from dqa.regen.dispatch.progress import active_seconds
 
     done_at, latency = [], []
     for p in list_shards(out):
@@ -205,7 +205,7 @@ def _prior_working_time(prior: dict[str, Any], out: Path) -> float:
 
 def _keep_endpoint_counts(progress: Progress, prior: dict[str, Any]) -> None:
     """A rerun with nothing to do keeps the per-endpoint counts the run finished with."""
-    from dqa.regen.progress import EndpointCounts
+    from dqa.regen.dispatch.progress import EndpointCounts
 
     eps = prior.get("endpoints")
     if not isinstance(eps, dict):
@@ -476,7 +476,7 @@ def _probe_servers(c: RegenConfig, servers: _Servers, protocol: Any, wire: _Wire
     """Before the first request: which endpoints answer and what they are. Returns the facts per URL
     (None: not reachable yet); raises ``UsageError`` (exit 2) for an endpoint of the wrong protocol
     or with a TLS certificate it cannot verify, and ``RuntimeFailure`` (exit 3) when none answers at all."""
-    from dqa.regen.preflight import preflight_async
+    from dqa.regen.dispatch.preflight import preflight_async
     from dqa.regen.servers.facts import describe
 
     t = c.dispatch.timeouts

@@ -28,7 +28,7 @@ import polars as pl
 from dqa import atomic
 from dqa.errors import InputError
 from dqa.formatting import human_count, human_duration
-from dqa.regen.progress import GAP_S, LIVE_STATES, work_spans
+from dqa.regen.dispatch.progress import GAP_S, LIVE_STATES, work_spans
 from dqa.reports.svg import Series, esc, grouped_bars, line_chart
 from dqa.reports.scan_order import root_cause, root_cause_legend
 
@@ -179,7 +179,7 @@ def log2_bins(*arrays: np.ndarray) -> tuple[list[str], list[np.ndarray]]:
 
 def _work(shards: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, float]]]:
     """Completion times (epoch s, sorted), output tokens in that order, and the stretches of work
-    (``dqa.regen.progress.work_spans``: split where no request was in flight for ``GAP_S``)."""
+    (``dqa.regen.dispatch.progress.work_spans``: split where no request was in flight for ``GAP_S``)."""
     t = shards["completed_at"].dt.epoch("us").to_numpy().astype(np.float64) / 1e6
     order = np.argsort(t, kind="stable")
     tok = shards["output_tokens"].fill_null(0).to_numpy().astype(np.float64)[order]

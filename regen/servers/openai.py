@@ -67,7 +67,7 @@ class OpenAIProtocol(Protocol):
 
     def use_facts(self, facts: dict[str, Any]) -> None:
         """Take the start-up probe's findings (``{base URL: ServerFacts | None}``, see
-        ``dqa.regen.preflight.preflight``): an endpoint whose ``token_ids`` is known gets that route; the
+        ``dqa.regen.dispatch.preflight.preflight``): an endpoint whose ``token_ids`` is known gets that route; the
         facts objects are kept and their ``token_ids`` updated when a reply says otherwise."""
         for url, f in facts.items():
             if f is None:
