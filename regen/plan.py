@@ -556,7 +556,7 @@ def calibrate(
         raise UsageError(f"--sample {sample}: must be >= 1")
     urls = list(endpoints)
     if fleet is not None:
-        from .fleet_file import read_fleet
+        from .fleet.file import read_fleet
 
         urls = read_fleet(fleet).urls
     from .wire.http_policy import HttpPolicy
@@ -677,7 +677,7 @@ def make_plan(
     if gpus is not None and gpus < 1:
         raise UsageError(f"--gpus {gpus}: a fleet has at least 1 GPU")
     if i.fleet is not None:
-        from .fleet_file import read_fleet
+        from .fleet.file import read_fleet
 
         fleet_rec = read_fleet(i.fleet)
         if gpus is None:

@@ -316,7 +316,7 @@ def _resolve_servers(c: RegenConfig) -> _Servers:
     """The servers of ``--endpoint`` or the ``--fleet`` file, checked. Returns ``_Servers``; raises
     ``UsageError`` for a URL that is not http(s), an unknown protocol or an unset ``--api-key-env``,
     ``InputError`` for a bad fleet file."""
-    from dqa.regen.fleet_file import read_fleet
+    from dqa.regen.fleet.file import read_fleet
 
     d = c.dispatch
     fleet = read_fleet(d.fleet) if d.fleet else None

@@ -347,7 +347,8 @@ def _hybrid(folder: Path) -> Path:
 
 
 def test_fleet_up_asks_the_servers_python_for_its_sglang_release(tmp_path):
-    from dqa.regen.fleet_up import FleetSpec, prepare_launch
+    from dqa.regen.fleet.spec import FleetSpec
+    from dqa.regen.fleet.up import prepare_launch
 
     model = _hybrid(tmp_path)
 

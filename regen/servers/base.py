@@ -82,7 +82,7 @@ class ServerKind:
     # ------------------------------------------------------------------ fleet up
 
     def check_launch(self, spec) -> None:
-        """Refuse `fleet up` options (a ``fleet_up.FleetSpec``) this kind has no use for."""
+        """Refuse `fleet up` options (a ``fleet.spec.FleetSpec``) this kind has no use for."""
         if spec.mtp:
             raise UsageError(f"--mtp is an SGLang option; drop it with --engine {self.name}")
         if spec.deterministic:
@@ -93,7 +93,7 @@ class ServerKind:
         return []
 
     def prepare(self, launch, notes: list[str]) -> None:
-        """Settle what the launch command depends on (a ``fleet_launch.LaunchSpec``, changed in
+        """Settle what the launch command depends on (a ``fleet.spec.LaunchSpec``, changed in
         place) before the commands are built; ``notes`` get what was assumed."""
 
     def launch_argv(self, spec, port: int) -> list[str]:
@@ -103,6 +103,6 @@ class ServerKind:
     # ------------------------------------------------------------------ fleet status
 
     def status(self, fleet, ep, st, timeout: float) -> None:
-        """Fill in ``st`` (a ``fleet_status.EndpointStatus`` whose ``up`` is known) with the
+        """Fill in ``st`` (a ``fleet.status.EndpointStatus`` whose ``up`` is known) with the
         figures the server reports; here: none, and the note says so."""
         st.note = f"metrics unavailable ({self.no_metrics})"

@@ -267,7 +267,7 @@ def parse_decode_line(line: str) -> dict[str, float]:
 def last_decode_stats(log: Path | None, max_bytes: int = 1 << 20) -> tuple[dict[str, float], str | None] | None:
     """The figures and timestamp of the latest ``Decode batch`` line in the last ``max_bytes``
     of ``log``; ``None`` when there is no such line or the log cannot be read."""
-    from dqa.regen.fleet_launch import read_tail
+    from dqa.regen.fleet.logs import read_tail
 
     data = read_tail(log, max_bytes)
     if data is None:

@@ -16,15 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .fleet_file import Endpoint, Fleet
-from .fleet_launch import is_local_host, verify_process
-from .wire.http_probe import http_get
-from .servers import KINDS
-
-# SGLang's metrics and decode-log parsing live with its server kind; importable here as before.
-from .servers.sglang import (  # noqa: F401
-    DECODE_LINE, LOG_FIELDS, LOG_TIME, METRICS, last_decode_stats, parse_decode_line, parse_metrics,
-)
+from dqa.regen.fleet.file import Endpoint, Fleet
+from dqa.regen.fleet.launch import is_local_host, verify_process
+from dqa.regen.servers import KINDS
+from dqa.regen.wire.http_probe import http_get
 
 
 @dataclass

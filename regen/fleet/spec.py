@@ -1,0 +1,79 @@
+"""What `dqa fleet up` launches: ``FleetSpec`` (one field per option, as a caller gives them) and
+``LaunchSpec`` (the checked form ``up.prepare_launch`` makes of it, what ``launch.build_commands``
+and the server kinds' ``launch_argv`` read).
+
+The two mirror each other (the engine options ``mtp``, ``mamba_extra_buffer``, ``sglang_version``
+and ``deterministic`` are SGLang's and sit in both); one ``FleetSpec`` with a per-kind options
+group is the next step.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from dqa.regen.fleet.file import DEFAULT_FLEET_FILE
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """What to launch: one field per `dqa fleet up` option, with its default.
+
+    ``gpus`` is a list text (``"0-6"``, ``"0,2,5"``) or ids; ``env`` is ``KEY=VALUE`` texts or a
+    dict; ``context_length``/``max_running_requests`` 0 mean the server's own default;
+    ``reasoning_parser`` ``"none"`` leaves it off; ``python`` ``None`` is the running Python;
+    ``log_dir`` ``None`` is ``fleet-logs/`` next to the fleet file; ``extra`` goes to every
+    server unchanged. ``sglang_version`` ``None``: asked from ``python`` where a flag depends on
+    it; ``deterministic`` adds ``--enable-deterministic-inference``.
+    """
+
+    model: str
+    gpus: str | Sequence[str] = "0"
+    engine: str = "sglang"
+    stage: Path | None = None
+    mtp: bool = False
+    mamba_extra_buffer: str = "auto"
+    sglang_version: str | None = None
+    deterministic: bool = False
+    port_base: int = 30000
+    host: str = "127.0.0.1"
+    advertise_host: str | None = None
+    context_length: int = 8192
+    max_running_requests: int = 48
+    reasoning_parser: str = "qwen3"
+    metrics: bool = True
+    python: str | None = None
+    env: Sequence[str] | dict[str, str] = ()
+    fleet: Path = Path(DEFAULT_FLEET_FILE)
+    log_dir: Path | None = None
+    timeout: float = 900.0
+    keep_on_failure: bool = False
+    force: bool = False
+    extra: Sequence[str] = ()
+
+
+@dataclass
+class LaunchSpec:
+    """What to launch. ``model`` is the path (or hub id) every server loads."""
+
+    model: str
+    gpus: list[str]
+    engine: str = "sglang"
+    host: str = "127.0.0.1"
+    advertise_host: str | None = None
+    port_base: int = 30000
+    context_length: int | None = 8192
+    max_running_requests: int | None = 48
+    reasoning_parser: str | None = "qwen3"
+    enable_metrics: bool = True
+    mtp: bool = False
+    mamba_extra_buffer: str = "auto"  # auto | on | off
+    python: str = field(default_factory=lambda: sys.executable)
+    extra: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    log_dir: Path = Path("fleet-logs")
+    hybrid: bool | None = None  # hybrid Mamba model; None: read the model's config.json
+    sglang_version: str | None = None  # the servers' SGLang release; None: the newest known (servers.sglang_releases.NEWEST_KNOWN)
+    deterministic: bool = False  # --enable-deterministic-inference
