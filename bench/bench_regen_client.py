@@ -307,7 +307,7 @@ def _dqa_once(spec: str) -> None:
     """The subprocess side of ``run_dqa_elsewhere``."""
     dataset, out, url, concurrency, max_new_tokens, pid, fig_path = json.loads(spec)
     f = run_dqa(Path(dataset), Path(out), [url], "sglang", concurrency, max_new_tokens, pid)
-    import dqa.regen.transport as t
+    import dqa.regen.run as t  # a module every tree has at this path
 
     print(f"(the other tree: {t.__file__})", flush=True)
     Path(fig_path).write_text(json.dumps(f.__dict__))

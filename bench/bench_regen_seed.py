@@ -40,7 +40,7 @@ Contestants: ``--tree NAME=PATH`` (repeatable). PATH's tracked and untracked-not
 are copied to ``WORK/trees/NAME/src`` and installed with ``pip install --no-deps
 --no-build-isolation --target WORK/trees/NAME/lib``; the run gets ``PYTHONPATH`` = that folder
 (a plain PYTHONPATH to a source tree does not work: dqa.regen lives in regen/). The script prints
-which file ``dqa.regen.transport`` is imported from for each. ``--tree NAME=installed`` (the
+which file ``dqa.regen.run`` (a module at the same path in every tree) is imported from for each. ``--tree NAME=installed`` (the
 default when no ``--tree`` is given: ``current=installed``) runs the dqa this python imports.
 
     git -C . worktree add /tmp/dqa-old 243b0c6       # the tree before the aiohttp transport
@@ -258,7 +258,7 @@ class Tree:
     name: str
     path: str  # "installed" or a source tree
     pythonpath: str | None = None
-    transport_file: str = ""
+    run_file: str = ""
 
     def env(self) -> dict:
         env = dict(os.environ)
@@ -289,14 +289,14 @@ def prepare_tree(tree: Tree, work: Path) -> None:
             raise SystemExit(f"pip install of {tree.path} failed:\n{r.stdout}\n{r.stderr}")
         tree.pythonpath = str(lib)
         print(f"tree {tree.name}: {src_root} at {head}{' (with uncommitted changes)' if dirty else ''}", flush=True)
-    out = subprocess.run([sys.executable, "-c", "import dqa.regen.transport as t, dqa; print(t.__file__); print(dqa.__file__)"],
+    out = subprocess.run([sys.executable, "-c", "import dqa.regen.run as t, dqa; print(t.__file__); print(dqa.__file__)"],
                          env=tree.env(), capture_output=True, text=True, check=True, cwd=work).stdout.split()
-    tree.transport_file = out[0]
-    print(f"tree {tree.name}: dqa.regen.transport from {out[0]}", flush=True)
+    tree.run_file = out[0]
+    print(f"tree {tree.name}: dqa.regen.run from {out[0]}", flush=True)
     # cwd is the work folder for this and every run: with the repository root as cwd, `python -m`
     # would find its dqa/ folder first (sys.path[0]) whatever PYTHONPATH says.
     if tree.pythonpath and not out[0].startswith(tree.pythonpath):
-        raise SystemExit(f"tree {tree.name}: dqa.regen.transport does not come from {tree.pythonpath}")
+        raise SystemExit(f"tree {tree.name}: dqa.regen.run does not come from {tree.pythonpath}")
 
 
 # ---------------------------------------------------------------------------- the stand-in
@@ -592,7 +592,7 @@ def main() -> None:
                   next(r for r in results if r.round == k and r.tree == trees[0].name).working_s for k in range(1, args.rounds + 1)]
             print(f"{t.name} / {trees[0].name}, working time per round: {', '.join(f'{x:.2f}x' for x in rs)} (goal <= 1.3x)")
     for t in trees:
-        print(f"{t.name}: dqa.regen.transport from {t.transport_file}")
+        print(f"{t.name}: dqa.regen.run from {t.run_file}")
     if args.json:
         args.json.write_text(json.dumps([{"tree": r.tree, "round": r.round, "working_s": r.working_s, "wall_s": r.wall_s,
                                           "sessions": [s.__dict__ for s in r.sessions], "peak_rss_mib": r.peak_mib,

@@ -158,7 +158,7 @@ def plain_loop(url: str, model: str, convs: list[list[dict]], ids: list[str], co
     the server's reply (``content``) appended as the assistant turn of the history."""
     import aiohttp
 
-    from dqa.regen.prompts import sample_seed
+    from dqa.regen.jobs.prompts import sample_seed
 
     done_at: list[float] = []
     usage: list[int] = []

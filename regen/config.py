@@ -221,7 +221,7 @@ class DispatchSpec:
     def http_policy(self):
         """TLS trust and proxies of every request to the servers (``http_policy.HttpPolicy``).
         Raises ``UsageError`` for a CA bundle that is not a file."""
-        from dqa.regen.http_policy import HttpPolicy
+        from dqa.regen.wire.http_policy import HttpPolicy
 
         return HttpPolicy(self.ca_bundle)
 

@@ -26,9 +26,9 @@ from typing import Any
 from dqa.errors import EXIT_OK, EXIT_RUNTIME
 from dqa.regen import run_steps as step
 from dqa.regen.config import RegenConfig
-from dqa.regen.run_folder import RunFolder
-from dqa.regen.upload import is_url, local_path
-from dqa.regen.urls import strip_userinfo
+from dqa.regen.store.folder import RunFolder
+from dqa.regen.store.upload import is_url, local_path
+from dqa.regen.wire.urls import strip_userinfo
 
 
 @dataclass

@@ -42,15 +42,17 @@ import numpy as np
 from dqa import atomic
 from dqa.errors import InputError, UsageError
 from dqa.regen.config import DEFAULT_PROTOCOL, DatasetSpec, DispatchSpec, OutputSpec, RegenConfig, SamplingSpec, Selection, Timeouts
-from dqa.regen.dispatch import DispatchSettings, Dispatcher, open_transport
-from dqa.regen.journal import Journal, Recovery, partial_outputs
-from dqa.regen.journal import recover as recover_folder
-from dqa.regen.progress import Progress, render
-from dqa.regen.run_folder import RUN_JSON, RUN_VERSION, RunFolder, RunManifest, list_shards
-from dqa.regen.selection import check_findings_for, findings_for, iter_turn_jobs, narrow, read_first_turns, selected_rows, selection_digest
+from dqa.regen.dispatch.scheduler import DispatchSettings, Dispatcher, open_transport
+from dqa.regen.store.journal import Journal, Recovery, partial_outputs
+from dqa.regen.store.journal import recover as recover_folder
+from dqa.regen.dispatch.progress import Progress, render
+from dqa.regen.store.folder import RUN_JSON, RUN_VERSION, RunFolder, RunManifest
+from dqa.regen.store.shards import list_shards
+from dqa.regen.jobs.rows import check_findings_for, findings_for, narrow, read_first_turns, selected_rows, selection_digest
+from dqa.regen.jobs.turns import iter_turn_jobs
 from dqa.regen.servers import Protocol, ServerKind, protocol_kind
-from dqa.regen.upload import Target, Uploader, is_url, local_path, pull_shards, stage_dir
-from dqa.regen.urls import strip_userinfo
+from dqa.regen.store.upload import Target, Uploader, is_url, local_path, pull_shards, stage_dir
+from dqa.regen.wire.urls import strip_userinfo
 
 # ------------------------------------------------------------------------------------ the values
 
@@ -178,7 +180,7 @@ def resolve_servers(d: DispatchSpec) -> Servers:
     """The servers of ``--endpoint`` or the ``--fleet`` file, checked. Returns ``Servers``; raises
     ``UsageError`` for a URL that is not http(s), an unknown protocol or an unset ``--api-key-env``,
     ``InputError`` for a bad fleet file."""
-    from dqa.regen.fleet_file import read_fleet
+    from dqa.regen.fleet.file import read_fleet
 
     fleet = read_fleet(d.fleet) if d.fleet else None
     urls = fleet.urls if fleet else list(d.endpoints)
@@ -390,7 +392,8 @@ def probe_servers(t: Timeouts, link: Link, log: Callable[[str], None]) -> dict[s
     (None: not reachable yet; also kept as ``link.facts`` and given to the protocol); raises
     ``UsageError`` (exit 2) for an endpoint of the wrong protocol or with a TLS certificate it
     cannot verify, and ``RuntimeFailure`` (exit 3) when none answers at all."""
-    from dqa.regen.server_probe import describe, preflight_async
+    from dqa.regen.dispatch.preflight import preflight_async
+    from dqa.regen.servers.facts import describe
 
     s = link.servers
     facts = link.run(preflight_async(s.urls, s.protocol, s.headers, connect_timeout=t.connect,
@@ -491,7 +494,7 @@ def _prior_working_time(prior: dict[str, Any], out: Path) -> float:
         return elapsed
     import pyarrow.parquet as pq
 
-    from dqa.regen.progress import active_seconds
+    from dqa.regen.dispatch.progress import active_seconds
 
     done_at, latency = [], []
     for p in list_shards(out):
@@ -506,7 +509,7 @@ def _prior_working_time(prior: dict[str, Any], out: Path) -> float:
 
 def _keep_endpoint_counts(progress: Progress, prior: dict[str, Any]) -> None:
     """A rerun with nothing to do keeps the per-endpoint counts the run finished with."""
-    from dqa.regen.progress import EndpointCounts
+    from dqa.regen.dispatch.progress import EndpointCounts
 
     eps = prior.get("endpoints")
     if not isinstance(eps, dict):

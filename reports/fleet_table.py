@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from dqa.regen.fleet_file import Fleet
-    from dqa.regen.fleet_status import EndpointStatus
-    from dqa.regen.fleet_up import LaunchResult
+    from dqa.regen.fleet.file import Fleet
+    from dqa.regen.fleet.status import EndpointStatus
+    from dqa.regen.fleet.up import LaunchResult
 
 STATUS_COLUMNS = ("GPU", "endpoint", "up", "gen tok/s", "running", "queued", "KV", "accept", "requests", "gen tokens", "cache hit", "source")
 

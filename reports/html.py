@@ -28,7 +28,7 @@ import polars as pl
 from dqa import atomic
 from dqa.errors import InputError
 from dqa.formatting import human_count, human_duration
-from dqa.regen.progress import GAP_S, LIVE_STATES, work_spans
+from dqa.regen.dispatch.progress import GAP_S, LIVE_STATES, work_spans
 from dqa.reports.svg import Series, esc, grouped_bars, line_chart
 from dqa.reports.scan_order import root_cause, root_cause_legend
 
@@ -86,7 +86,7 @@ def read_shards(regen_dir: Path) -> pl.DataFrame:
     true where it finishes its sample (the conversation's last turn, or a turn that failed or was
     cut, which ends it; always for shards written before multi-turn regeneration). Raises
     ``InputError`` naming the folder when a shard lacks a column."""
-    from dqa.regen.run_folder import list_shards
+    from dqa.regen.store.shards import list_shards
 
     folder = regen_dir / "shards"
     files = list_shards(regen_dir)  # the shards merge and resume read: not temp files or strays
@@ -130,7 +130,7 @@ def load_inputs(
         rd = Path(regen_dir)
         if not rd.is_dir():
             raise InputError(f"{rd}: no such regen folder")
-        from dqa.regen.run_folder import ShardStatus
+        from dqa.regen.store.shards import ShardStatus
 
         inputs.regen_dir = rd
         inputs.shards = read_shards(rd)
@@ -179,7 +179,7 @@ def log2_bins(*arrays: np.ndarray) -> tuple[list[str], list[np.ndarray]]:
 
 def _work(shards: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, float]]]:
     """Completion times (epoch s, sorted), output tokens in that order, and the stretches of work
-    (``dqa.regen.progress.work_spans``: split where no request was in flight for ``GAP_S``)."""
+    (``dqa.regen.dispatch.progress.work_spans``: split where no request was in flight for ``GAP_S``)."""
     t = shards["completed_at"].dt.epoch("us").to_numpy().astype(np.float64) / 1e6
     order = np.argsort(t, kind="stable")
     tok = shards["output_tokens"].fill_null(0).to_numpy().astype(np.float64)[order]

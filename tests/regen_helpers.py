@@ -36,7 +36,7 @@ def write_findings(folder: Path, rows: list[int], reasons: list[list[str]] | Non
 
 def read_shards(out: Path):
     """All shard rows of a regen output folder as one pyarrow Table (empty table when none)."""
-    from dqa.regen.journal import list_shards, shard_schema
+    from dqa.regen.store.journal import list_shards, shard_schema
 
     tables = [pq.read_table(p) for p in list_shards(Path(out))]
     return pa.concat_tables(tables) if tables else shard_schema().empty_table()

@@ -129,7 +129,7 @@ def open_ds(path):
 
 
 def test_regen_refuses_the_findings_of_another_dataset(cli, two_examples, tmp_path):
-    from dqa.regen.selection import check_findings_for
+    from dqa.regen.jobs.rows import check_findings_for
 
     original, release, original_abs, release_abs = two_examples
     cli("scan", original, "--quiet")
@@ -143,7 +143,7 @@ def test_regen_refuses_the_findings_of_another_dataset(cli, two_examples, tmp_pa
 
 
 def test_regen_refuses_findings_of_a_dataset_that_changed_since_the_scan(cli, two_examples, tmp_path):
-    from dqa.regen.selection import check_findings_for
+    from dqa.regen.jobs.rows import check_findings_for
 
     original, _, original_abs, _ = two_examples
     cli("scan", original, "--quiet")
@@ -153,7 +153,7 @@ def test_regen_refuses_findings_of_a_dataset_that_changed_since_the_scan(cli, tw
 
 
 def test_regen_default_findings_are_the_datasets_own(cli, two_examples, tmp_path):
-    from dqa.regen.selection import findings_for
+    from dqa.regen.jobs.rows import findings_for
 
     original, release, _, _ = two_examples
     cli("scan", release, "--quiet")  # the release first, this time: it takes dqa-out/example/
@@ -174,7 +174,7 @@ def bare_findings(folder: Path, rows: list[int], ids: list[str] | None) -> Path:
 
 def test_bare_findings_are_checked_by_their_ids(two_examples, tmp_path):
     """No summary.json beside findings.parquet: its ids must be the dataset's ids at those rows."""
-    from dqa.regen.selection import check_findings_for
+    from dqa.regen.jobs.rows import check_findings_for
 
     original, _, _, _ = two_examples  # ids s0..s29
     check_findings_for(bare_findings(tmp_path / "ok", [3, 21, 29], ["s3", "s21", "s29"]), open_ds(original))

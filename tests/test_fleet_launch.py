@@ -16,8 +16,11 @@ from pathlib import Path
 import pytest
 
 from dqa.errors import InputError, UsageError
-from dqa.regen import fleet_file as ff
-from dqa.regen import fleet_launch as fl
+from dqa.regen.fleet import file as ff
+from dqa.regen.fleet import launch as fl
+from dqa.regen.fleet import stage as fst
+from dqa.regen.fleet.spec import LaunchSpec
+from dqa.regen.servers.sglang import is_hybrid_mamba
 
 MODEL = "/dev/shm/Qwen3.6-27B"
 
@@ -45,13 +48,13 @@ def golden_sglang_mtp(gpu: int) -> list[str]:
     ]  # fmt: skip
 
 
-def seven_gpu_spec(**kw) -> fl.LaunchSpec:
+def seven_gpu_spec(**kw) -> LaunchSpec:
     base = dict(
         model=MODEL, gpus=fl.parse_gpus("0-6"), mtp=True, hybrid=True, python="python3",
         extra=["--kv-cache-dtype", "fp8_e4m3"], log_dir=Path("logs"), sglang_version=SEED_SGLANG,
     )  # fmt: skip
     base.update(kw)
-    return fl.LaunchSpec(**base)
+    return LaunchSpec(**base)
 
 
 def test_seven_gpu_sglang_mtp_fleet_matches_the_golden_argument_lists():
@@ -89,10 +92,10 @@ def test_mtp_adds_extra_buffer_only_for_hybrid_mamba_models(tmp_path):
     dense = tmp_path / "dense"
     dense.mkdir()
     (dense / "config.json").write_text(json.dumps({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}))
-    assert fl.is_hybrid_mamba(str(hybrid)) and not fl.is_hybrid_mamba(str(dense))
+    assert is_hybrid_mamba(str(hybrid)) and not is_hybrid_mamba(str(dense))
 
     def argv(model, **kw):
-        spec = fl.LaunchSpec(model=str(model), gpus=["0"], python="python3", **{"sglang_version": SEED_SGLANG, **kw})
+        spec = LaunchSpec(model=str(model), gpus=["0"], python="python3", **{"sglang_version": SEED_SGLANG, **kw})
         return fl.build_commands(spec)[0].argv
 
     assert argv(hybrid, mtp=True)[-2:] == ["--mamba-scheduler-strategy", "extra_buffer"]
@@ -111,7 +114,7 @@ def test_mtp_adds_extra_buffer_only_for_hybrid_mamba_models(tmp_path):
 
 
 def test_without_mtp_the_command_is_the_plain_data_parallel_server():
-    spec = fl.LaunchSpec(model="Qwen/Qwen3-8B", gpus=["3"], python="python3", port_base=31000)
+    spec = LaunchSpec(model="Qwen/Qwen3-8B", gpus=["3"], python="python3", port_base=31000)
     assert fl.build_commands(spec)[0].argv == [
         "python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-8B", "--host", "127.0.0.1",
         "--port", "31000", "--context-length", "8192", "--max-running-requests", "48",
@@ -120,7 +123,7 @@ def test_without_mtp_the_command_is_the_plain_data_parallel_server():
 
 
 def test_transformers_engine_runs_transformers_serve_next_to_the_python(tmp_path):
-    spec = fl.LaunchSpec(model="/m", gpus=["0", "1"], engine="transformers", port_base=18000, extra=["--device", "cpu"])
+    spec = LaunchSpec(model="/m", gpus=["0", "1"], engine="transformers", port_base=18000, extra=["--device", "cpu"])
     cmds = fl.build_commands(spec)
     assert [c.argv[1:] for c in cmds] == [
         ["serve", "/m", "--host", "127.0.0.1", "--port", str(p), "--device", "cpu"] for p in (18000, 18001)
@@ -163,7 +166,7 @@ def test_model_path_with_spaces_and_shell_metacharacters_reaches_the_server_inta
     script = tmp_path / "up.sh"
     script.write_text(r.stdout + "wait\n")
     subprocess.run(["bash", str(script)], cwd=tmp_path, check=True, timeout=60)
-    spec = fl.LaunchSpec(model=str(model), gpus=["0", "1"], python=str(fake), extra=["--served-model-name", "a b"], log_dir=logs)
+    spec = LaunchSpec(model=str(model), gpus=["0", "1"], python=str(fake), extra=["--served-model-name", "a b"], log_dir=logs)
     for c in fl.build_commands(spec):
         got = json.loads((logs / f"gpu{c.gpu}.log").read_text())
         assert got == {"gpu": c.gpu, "argv": c.argv[1:]}
@@ -186,15 +189,15 @@ def _model_dir(root: Path) -> Path:
 def test_staging_copies_the_model_once_and_reports_progress(tmp_path):
     src = _model_dir(tmp_path)
     seen = []
-    dest, copied = fl.stage_model(src, tmp_path / "shm", lambda d, t: seen.append((d, t)))
+    dest, copied = fst.stage_model(src, tmp_path / "shm", lambda d, t: seen.append((d, t)))
     assert copied and dest == (tmp_path / "shm" / "Qwen3-Tiny").resolve()
     for rel in ("config.json", "model.safetensors", "sub/tokenizer.json"):
         assert (dest / rel).read_bytes() == (src / rel).read_bytes()
     total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
     assert seen[-1] == (total, total)
-    assert fl.stage_model(src, tmp_path / "shm") == (dest, False)  # identical copy: skipped
+    assert fst.stage_model(src, tmp_path / "shm") == (dest, False)  # identical copy: skipped
     (src / "config.json").write_text('{"model_type": "qwen3", "changed": true}')
-    assert fl.stage_model(src, tmp_path / "shm") == (dest, True)  # source changed: copied again
+    assert fst.stage_model(src, tmp_path / "shm") == (dest, True)  # source changed: copied again
     assert "changed" in (dest / "config.json").read_text()
 
 
@@ -204,13 +207,13 @@ def test_staging_refuses_a_foreign_folder_and_a_full_disk(tmp_path, monkeypatch)
     foreign.mkdir(parents=True)
     (foreign / "keep.txt").write_text("not ours")
     with pytest.raises(InputError, match="not a dqa copy"):
-        fl.stage_model(src, tmp_path / "shm")
+        fst.stage_model(src, tmp_path / "shm")
     assert (foreign / "keep.txt").exists()
 
     usage = collections.namedtuple("usage", "total used free")
-    monkeypatch.setattr(fl.shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 1000, 1000))
+    monkeypatch.setattr(fst.shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 1000, 1000))
     with pytest.raises(InputError, match=r"needs 0\.00 GiB .* only 0\.00 GiB free"):
-        fl.stage_model(src, tmp_path / "ram")
+        fst.stage_model(src, tmp_path / "ram")
     assert not (tmp_path / "ram" / "Qwen3-Tiny").exists()
 
 
@@ -392,7 +395,7 @@ def test_env_keys_that_are_not_variable_names_are_usage_errors(cli, tmp_path, it
     key, eq, _ = item.partition("=")
     if eq:  # the library refuses such a key too, whoever builds the spec
         with pytest.raises(UsageError):
-            fl.build_commands(fl.LaunchSpec(model=MODEL, gpus=["0"], env={key: "1"}))
+            fl.build_commands(LaunchSpec(model=MODEL, gpus=["0"], env={key: "1"}))
 
 
 def test_dry_run_quotes_env_values_and_the_health_url(cli, tmp_path):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from dqa.regen import fleet_status as fs
+from dqa.regen.fleet import status as fs
+from dqa.regen.servers.sglang import last_decode_stats, parse_decode_line, parse_metrics
 
 # In the documented exposition format (SGLang production-metrics docs; names from SGLANG.md);
 # two TP ranks, cache sources as labels, a histogram, and a non-SGLang series to ignore.
@@ -59,7 +60,7 @@ process_cpu_seconds_total 93.4
 
 
 def test_metrics_are_summed_over_ranks_and_ratios_averaged():
-    m = fs.parse_metrics(METRICS_TEXT)
+    m = parse_metrics(METRICS_TEXT)
     assert m["gen_tok_per_s"] == pytest.approx(2297.81)
     assert (m["running"], m["queued"]) == (48, 3)
     assert m["kv_usage"] == pytest.approx(0.42)
@@ -76,12 +77,12 @@ def test_counters_without_the_total_suffix_and_underscore_prefixed_names_are_rea
         "# TYPE sglang_num_requests counter\nsglang_num_requests_total 5\n"
         "# TYPE sglang_gen_throughput gauge\nsglang_gen_throughput 12.5\n"
     )
-    assert fs.parse_metrics(text) == {"requests_total": 5, "gen_tok_per_s": 12.5}
+    assert parse_metrics(text) == {"requests_total": 5, "gen_tok_per_s": 12.5}
 
 
 def test_text_that_is_not_prometheus_format_raises_value_error():
     with pytest.raises(ValueError):
-        fs.parse_metrics("<html>this is not metrics</html>\n")
+        parse_metrics("<html>this is not metrics</html>\n")
 
 
 def test_the_documented_decode_log_line_is_parsed_field_by_field():
@@ -89,7 +90,7 @@ def test_the_documented_decode_log_line_is_parsed_field_by_field():
         "[2026-11-30 08:01:02 TP0] Decode batch, #running-req: 48, #token: 98304, token usage: 0.42, "
         "accept len: 3.61, accept rate: 0.87, cuda graph: True, gen throughput (token/s): 2297.81, #queue-req: 0"
     )
-    assert fs.parse_decode_line(line) == {
+    assert parse_decode_line(line) == {
         "running": 48, "tokens": 98304, "kv_usage": 0.42, "accept_len": 3.61, "accept_rate": 0.87,
         "gen_tok_per_s": 2297.81, "queued": 0,
     }  # fmt: skip
@@ -116,7 +117,7 @@ def test_the_documented_decode_log_line_is_parsed_field_by_field():
     ],
 )
 def test_decode_lines_of_other_versions_still_parse(line, expected):
-    assert fs.parse_decode_line(line) == expected
+    assert parse_decode_line(line) == expected
 
 
 def test_the_latest_decode_line_of_a_long_log_wins(tmp_path):
@@ -125,12 +126,12 @@ def test_the_latest_decode_line_of_a_long_log_wins(tmp_path):
     lines.insert(10, "[2026-11-30 07:59:00 TP0] Prefill batch, #new-seq: 4, #new-token: 8192")
     lines.append("[2026-11-30 08:05:00 TP0] INFO: 127.0.0.1 - POST /generate HTTP/1.1 200")
     log.write_text("\n".join(lines) + "\n")
-    stats, when = fs.last_decode_stats(log)
+    stats, when = last_decode_stats(log)
     assert stats == {"running": 4999, "gen_tok_per_s": 4999.5, "queued": 0}
     assert when == "2026-11-30 08:00:19"
-    assert fs.last_decode_stats(tmp_path / "missing.log") is None
+    assert last_decode_stats(tmp_path / "missing.log") is None
     (tmp_path / "quiet.log").write_text("loading weights\n")
-    assert fs.last_decode_stats(tmp_path / "quiet.log") is None
+    assert last_decode_stats(tmp_path / "quiet.log") is None
 
 
 def test_fleet_totals_sum_rates_and_average_ratios_over_reporting_endpoints():
@@ -149,7 +150,7 @@ def test_seed_per_gpu_log_rates_sum_to_about_15_900_tok_s():
     rates = [2297.81, 2345.81, 2408.41, 2359.78, 1914.37, 2200.19, 2448.20]
     statuses = [
         fs.EndpointStatus(url=str(i), gpu=str(i), up=True, source="log",
-                          **{k: v for k, v in fs.parse_decode_line(f"Decode batch, gen throughput (token/s): {r}").items()})
+                          **{k: v for k, v in parse_decode_line(f"Decode batch, gen throughput (token/s): {r}").items()})
         for i, r in enumerate(rates)
     ]  # fmt: skip
     assert fs.totals(statuses)["gen_tok_per_s"] == pytest.approx(15_974.57)

@@ -1,4 +1,4 @@
-"""A fleet can be planned and launched from Python (``dqa.regen.fleet_up``): ``prepare_launch``
+"""A fleet can be planned and launched from Python (``dqa.regen.fleet.up``): ``prepare_launch``
 gives the exact commands and dry-run script of `dqa fleet up --dry-run`, ``launch_fleet``
 brings real servers up. A dry run also works where the model folder is not, and says which
 choices it made without it."""
@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 
 from dqa.errors import InputError, UsageError
-from dqa.regen import fleet_file as ff
-from dqa.regen import fleet_launch as fl
-from dqa.regen.fleet_up import FleetSpec, LaunchEvents, launch_fleet, prepare_launch
+from dqa.regen.fleet import file as ff
+from dqa.regen.fleet import launch as fl
+from dqa.regen.fleet.logs import log_tail
+from dqa.regen.fleet.spec import FleetSpec
+from dqa.regen.fleet.up import LaunchEvents, launch_fleet, prepare_launch
 
 MISSING = "/models/Qwen3.6-27B"  # the README's model folder: not on a CI machine
 MTP_FLAGS = [
@@ -166,7 +168,7 @@ def test_launch_fleet_from_python_starts_healthy_servers_and_writes_the_fleet_fi
             result = launch_fleet(dataclasses.replace(spec, port_base=base), events)
             break
         except (InputError, fl.ServerFailed) as exc:
-            said = (str(exc) + " ".join(fl.log_tail(getattr(exc, "log", None)))).lower()
+            said = (str(exc) + " ".join(log_tail(getattr(exc, "log", None)))).lower()
             if attempt == 2 or not ("is not free" in said or "already in use" in said):
                 raise
     try:

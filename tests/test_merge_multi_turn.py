@@ -162,7 +162,8 @@ def test_a_journal_record_of_a_run_before_multi_turn_replaces_the_final_assistan
 
     import numpy as np
 
-    from dqa.regen.journal import FIXED, FRAME, decode_segment, results_table, shard_path, write_table
+    from dqa.regen.store.journal import FIXED, FRAME, decode_segment, results_table, write_table
+    from dqa.regen.store.shards import shard_path
     from dqa.regen.merge.conversations import _turn_outputs
     from dqa.regen.merge.index import load_regen_index
 
@@ -182,7 +183,8 @@ def test_a_turn_recorded_twice_is_refused(tmp_path):
     import numpy as np
 
     from dqa.errors import RuntimeFailure
-    from dqa.regen.journal import Result, results_table, shard_path, write_table
+    from dqa.regen.store.journal import Result, results_table, write_table
+    from dqa.regen.store.shards import shard_path
     from dqa.regen.merge.index import load_regen_index
 
     def rec(turn):

@@ -80,8 +80,8 @@ def test_a_resume_without_progress_json_estimates_earlier_working_time_from_the_
 
 def test_working_time_leaves_out_the_idle_time_between_sessions_and_a_no_op_rerun(monkeypatch):
     """Progress against a fake clock: time between sessions, and a session with nothing to do, add nothing."""
-    from dqa.regen import progress as progress_mod
-    from dqa.regen.progress import Progress
+    from dqa.regen.dispatch import progress as progress_mod
+    from dqa.regen.dispatch.progress import Progress
 
     clock = [1000.0]
     monkeypatch.setattr(progress_mod, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
@@ -118,7 +118,7 @@ def test_working_time_leaves_out_the_idle_time_between_sessions_and_a_no_op_reru
 def test_working_time_from_shards_splits_at_idle_gaps():
     import numpy as np
 
-    from dqa.regen.progress import active_seconds, work_spans
+    from dqa.regen.dispatch.progress import active_seconds, work_spans
 
     # Two sessions of requests of 10 s each, back to back, an hour apart.
     done = np.array([10, 20, 30, 40, 3640, 3650, 3660], dtype=float)
@@ -135,7 +135,7 @@ def test_working_time_from_shards_splits_at_idle_gaps():
 
 def test_openai_figures_count_the_tokens_the_shards_record_not_the_servers_usage(data, stub, tmp_path):
     """The live display, progress.json and the report all count the rendered tokens in the shards."""
-    from dqa.regen.progress import render
+    from dqa.regen.dispatch.progress import render
 
     out = tmp_path / "out"
     res = regenerate(_cfg(data, out, [stub.url], protocol="openai", max_new_tokens=64))

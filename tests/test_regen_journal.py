@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from dqa.regen.journal import Journal, Result, decode_segment, encode, list_shards, recover, results_table, shard_schema
+from dqa.regen.store.journal import Journal, Result, decode_segment, encode, list_shards, recover, results_table, shard_schema
 from regen_helpers import read_shards
 
 
@@ -104,7 +104,7 @@ def test_a_crash_between_shard_rename_and_segment_delete_writes_nothing_twice(tm
 
 def test_records_of_rows_already_in_a_shard_are_dropped_on_resume(tmp_path):
     recover(tmp_path)
-    from dqa.regen.journal import shard_path, write_table
+    from dqa.regen.store.journal import shard_path, write_table
 
     write_table(shard_path(tmp_path, "s0of1", 0), results_table([_result(1)]))
     (tmp_path / "journal" / "s0of1-000001.log").write_bytes(encode(_result(1)) + encode(_result(2)))
@@ -114,7 +114,7 @@ def test_records_of_rows_already_in_a_shard_are_dropped_on_resume(tmp_path):
 
 def test_retry_failed_removes_failed_records_only(tmp_path):
     recover(tmp_path)
-    from dqa.regen.journal import shard_path, write_table
+    from dqa.regen.store.journal import shard_path, write_table
 
     write_table(shard_path(tmp_path, "s0of1", 0), results_table([_result(1), _result(2, "failed"), _result(3, "length")]))
     rec = recover(tmp_path, retry_failed=True)
@@ -125,7 +125,7 @@ def test_retry_failed_removes_failed_records_only(tmp_path):
 
 def test_recovery_tallies_statuses_and_tokens_of_the_rows_asked_for(tmp_path):
     recover(tmp_path)
-    from dqa.regen.journal import shard_path, write_table
+    from dqa.regen.store.journal import shard_path, write_table
 
     write_table(shard_path(tmp_path, "s0of1", 0), results_table([_result(1, n_out=5), _result(2, "failed", n_out=0)]))
     (tmp_path / "journal" / "s0of1-000001.log").write_bytes(encode(_result(3, "length", n_out=7)) + encode(_result(8, n_out=11)))
@@ -177,7 +177,7 @@ def test_a_shard_written_row_group_by_row_group_equals_the_shard_built_from_its_
     """Records appended with their Result are written into the shard a row group at a time while the
     run goes on; the closed shard holds exactly what building it from the segment log gives, in row
     groups of SHARD_ROW_GROUP. A segment with a record that came without its Result is built from the log."""
-    from dqa.regen.journal import SHARD_ROW_GROUP
+    from dqa.regen.store.journal import SHARD_ROW_GROUP
 
     rec = recover(tmp_path)
     j = Journal(tmp_path, "s0of1", rec.next_seq, shard_rows=100_000, commit_interval=0.005)
@@ -201,7 +201,7 @@ def test_a_shard_written_row_group_by_row_group_equals_the_shard_built_from_its_
 
 def test_a_crash_while_a_shard_is_half_written_leaves_only_the_log(tmp_path):
     """The half-written shard is a temp file: recovery removes it and compacts the segment log."""
-    from dqa.regen.journal import SHARD_ROW_GROUP
+    from dqa.regen.store.journal import SHARD_ROW_GROUP
 
     rec = recover(tmp_path)
     j = Journal(tmp_path, "s0of1", rec.next_seq, shard_rows=100_000, commit_interval=0.005)
@@ -229,7 +229,7 @@ def test_record_meta_is_the_json_of_its_fields_byte_for_byte():
     import itertools
     import json
 
-    from dqa.regen.journal import _meta
+    from dqa.regen.store.journal import _meta
 
     for sid, err, kept, turn in itertools.product([None, "s1", 'we"ird\u00e9\n', ""], [None, 'boom "x"'], [-1, 0, 17], [0, 2]):
         r = Result(3, sid, np.zeros(2, np.int32), np.zeros(1, np.int32), "ok", "stop", err, "http://e", 1, 0.5, "m\u00fc",
@@ -242,7 +242,7 @@ def test_record_meta_is_the_json_of_its_fields_byte_for_byte():
 def test_shards_dictionary_encode_the_repeating_columns_and_not_the_token_ids(tmp_path):
     """Dictionary encoding where values repeat (the 0/1 mask, statuses), plain for token ids, where
     building a dictionary costs the most of a shard's write time and saves nothing."""
-    from dqa.regen.journal import write_table
+    from dqa.regen.store.journal import write_table
 
     path = tmp_path / "shard.parquet"
     write_table(path, results_table([_result(r, n_out=50) for r in range(100)]))

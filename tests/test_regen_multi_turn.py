@@ -368,7 +368,7 @@ def test_turns_last_regenerates_only_the_final_turn_as_before(qwen3, tmp_path):
 
 def _journal_records(out: Path) -> list:
     """The durable records so far: shards' and the open journal segments' (a torn tail left out)."""
-    from dqa.regen.journal import decode_segment
+    from dqa.regen.store.journal import decode_segment
 
     recs = [(r["row"], r["turn"], r["turns"], r["status"]) for r in read_shards(out).to_pylist()] if (out / "shards").is_dir() else []
     for seg in sorted((out / "journal").glob("*.log")) if (out / "journal").is_dir() else []:
@@ -384,7 +384,7 @@ def test_kill_9_mid_conversation_then_resume_regenerates_every_turn_exactly_once
     """kill -9 once the first conversation's turn 0 is durable (its turn 1 is then in flight: the
     stand-in answers after 0.5 s), so a conversation is half done; the rerun continues it at its next
     turn, on the turn recorded before the kill, and every (row, turn) is recorded exactly once."""
-    from dqa.regen.journal import recover
+    from dqa.regen.store.journal import recover
 
     tok, model = qwen3
     src = build(model, tmp_path / "train.parquet")
@@ -435,7 +435,7 @@ def test_kill_9_mid_conversation_then_resume_regenerates_every_turn_exactly_once
 
 def _shards_after_recovery(out: Path) -> list[dict]:
     """What a resume will keep: recover the folder (compact the journal) and read the shards."""
-    from dqa.regen.journal import recover
+    from dqa.regen.store.journal import recover
 
     recover(out)
     return read_shards(out).to_pylist()

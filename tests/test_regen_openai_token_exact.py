@@ -24,11 +24,14 @@ import httpx
 import numpy as np
 import pytest
 
-from dqa.regen.client import TEXT, TOKEN_EXACT, Job, OpenAIProtocol, call
+from dqa.regen.jobs.job import Job
+from dqa.regen.servers.openai import TEXT, TOKEN_EXACT, OpenAIProtocol
+from dqa.regen.wire.call import call
 from dqa.regen.config import RegenConfig, SamplingSpec
 from dqa.regen.run import regenerate
-from dqa.regen.server_probe import PROBE_IDS, ServerFacts, token_ids_answer
-from dqa.regen.transport import Transport
+from dqa.regen.servers.facts import ServerFacts
+from dqa.regen.servers.openai import PROBE_IDS, token_ids_answer
+from dqa.regen.wire.transport import Transport
 from regen_helpers import degenerate_dataset, read_shards, write_findings
 from servers.sglang_contract import StubServer
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from dqa.errors import RuntimeFailure, UsageError
-from dqa.regen import server_sglang as sg
-from dqa.regen.client import FATAL, FAIL, RETRY, classify_status
+from dqa.regen.servers import sglang_releases as sg
+from dqa.regen.wire.outcome import FATAL, FAIL, RETRY, classify_status
 from dqa.regen.config import RegenConfig
 from dqa.regen.run import regenerate
-from dqa.regen.server_probe import facts_from
+from dqa.regen.servers.facts import facts_from
 from regen_helpers import degenerate_dataset, read_shards, write_findings
 from servers.sglang_contract import StubServer
 
@@ -348,7 +348,8 @@ def _hybrid(folder: Path) -> Path:
 
 
 def test_fleet_up_asks_the_servers_python_for_its_sglang_release(tmp_path):
-    from dqa.regen.fleet_up import FleetSpec, prepare_launch
+    from dqa.regen.fleet.spec import FleetSpec
+    from dqa.regen.fleet.up import prepare_launch
 
     model = _hybrid(tmp_path)
 

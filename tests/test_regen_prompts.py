@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from chatdata import ASSISTANT, IM_END, IM_START, NL, NLNL, THINK, END_THINK, render, tokenizer
-from dqa.regen.prompts import NO_HEADER, chatml_messages, prompt_ends, sample_seed
+from dqa.regen.jobs.prompts import NO_HEADER, chatml_messages, prompt_ends, sample_seed
 
 HEADER = (IM_START, ASSISTANT, NL)
 

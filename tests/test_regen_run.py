@@ -294,7 +294,7 @@ def test_the_staging_root_is_private_and_must_be_ours(tmp_path, monkeypatch):
     import os
 
     from dqa.errors import RuntimeFailure
-    from dqa.regen.upload import stage_dir
+    from dqa.regen.store.upload import stage_dir
 
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))

@@ -1,4 +1,4 @@
-"""The run folder's owner (``dqa.regen.run_folder``) and ``RegenConfig``'s checked groups (issue 11, "Shape").
+"""The run folder's owner (``dqa.regen.store.folder``) and ``RegenConfig``'s checked groups (issue 11, "Shape").
 
 run.json is read by one parser: files written before ``version`` existed read as version 1, a
 newer version or a malformed file is one ``InputError`` line naming the file; ``RegenConfig`` is
@@ -13,7 +13,8 @@ import pytest
 
 from dqa.errors import InputError, UsageError
 from dqa.regen.config import DatasetSpec, DispatchSpec, OutputSpec, RegenConfig, Retries, SamplingSpec, Selection, Timeouts
-from dqa.regen.run_folder import RUN_VERSION, STATUSES, RunFolder, RunManifest, ShardStatus
+from dqa.regen.store.folder import RUN_VERSION, RunFolder, RunManifest
+from dqa.regen.store.shards import STATUSES, ShardStatus
 
 
 def test_a_manifest_round_trips_with_every_key_in_file_order(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 
 from dqa.errors import InputError, UsageError
 from dqa.regen.config import parse_shard
-from dqa.regen.selection import read_findings, select_rows
+from dqa.regen.jobs.rows import read_findings, select_rows
 from regen_helpers import write_findings
 
 

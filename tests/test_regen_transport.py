@@ -19,7 +19,7 @@ import zlib
 
 import pytest
 
-from dqa.regen.transport import AiohttpTransport, TransportError
+from dqa.regen.wire.transport import AiohttpTransport, TransportError
 
 JSON_OK = b'{"ok":true}'
 
@@ -429,7 +429,7 @@ def test_credentials_in_the_endpoint_url_are_sent_as_basic_auth_unless_a_token_i
 
 
 def test_an_idle_connection_past_its_expiry_is_not_reused(monkeypatch):
-    from dqa.regen import transport
+    from dqa.regen.wire import transport
 
     monkeypatch.setattr(transport, "IDLE_EXPIRY", 0.05)
 

@@ -19,9 +19,9 @@ LINE_BLUE = (46, 134, 171)  # PALETTE[1]: the 'after' bars and the throughput li
 
 
 def write_regen_folder(folder, rows: int = 120, seconds: float = 600.0, seed: int = 0):
-    """A regen output folder in the real shard format (dqa.regen.journal), three shards, plus progress.json."""
+    """A regen output folder in the real shard format (dqa.regen.store.journal), three shards, plus progress.json."""
     from dqa import atomic
-    from dqa.regen.journal import Result, results_table, shard_path, write_table
+    from dqa.regen.store.journal import Result, results_table, shard_path, write_table
 
     rng = np.random.default_rng(seed)
     t0 = 1_790_000_000.0
@@ -256,7 +256,7 @@ def test_every_chart_of_a_report_keeps_its_labels_apart_and_ids_on_one_line(cli,
 
 def write_two_sessions(folder, gap_s: float = 3600.0, latency: float = 20.0, per_session: int = 60):
     """Shards of a run interrupted after 10 minutes and resumed ``gap_s`` later, for another 10 minutes."""
-    from dqa.regen.journal import Result, results_table, shard_path, write_table
+    from dqa.regen.store.journal import Result, results_table, shard_path, write_table
 
     rng = np.random.default_rng(7)
     t0 = 1_790_000_000.0

@@ -24,7 +24,7 @@ from build_example import build_example  # noqa: E402
 
 from dqa.audit import template  # noqa: E402
 from dqa.audit.scan import ScanOptions, run_scan  # noqa: E402
-from dqa.regen.prompts import ChatTokenizer, chatml_messages, prompt_ends  # noqa: E402
+from dqa.regen.jobs.prompts import ChatTokenizer, chatml_messages, prompt_ends  # noqa: E402
 from dqa.tokenizer_files import qwen3_tokenizer_dir  # noqa: E402
 
 ROWS = 600
@@ -177,7 +177,8 @@ def test_the_openai_protocol_gives_the_same_requests_and_tokens_with_either_toke
 
     import numpy as np
 
-    from dqa.regen.client import Job, OpenAIProtocol
+    from dqa.regen.jobs.job import Job
+    from dqa.regen.servers.openai import OpenAIProtocol
     from dqa.regen.config import SamplingSpec
 
     msgs = CONVERSATIONS[2][:-1] + [{"role": "assistant", "content": "x"}]
@@ -226,7 +227,7 @@ def test_scanning_with_a_folder_and_decoding_prompts_never_import_transformers(e
     out = _run_python(
         "import sys\n"
         "from dqa.audit.scan import ScanOptions, run_scan\n"
-        "from dqa.regen.prompts import ChatTokenizer, chatml_messages\n"
+        "from dqa.regen.jobs.prompts import ChatTokenizer, chatml_messages\n"
         f"r = run_scan({str(example)!r}, {str(tmp_path / 'o')!r}, ScanOptions(tokenizer={str(tok_folder)!r}))\n"
         "assert r.summary['degenerate_templates'][0]['text']\n"
         f"chat = ChatTokenizer({str(tok_folder)!r})\n"

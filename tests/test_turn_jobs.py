@@ -13,8 +13,8 @@ import pytest
 from chatdata import render, write_parquet
 from dqa.audit.readers import open_dataset
 from dqa.audit.template import load_template
-from dqa.regen.prompts import Conversation, header_starts, sample_seed, turn_ends
-from dqa.regen.selection import iter_turn_jobs, turn_job
+from dqa.regen.jobs.prompts import Conversation, header_starts, sample_seed, turn_ends
+from dqa.regen.jobs.turns import iter_turn_jobs, turn_job
 
 QWEN3 = load_template("qwen3", decode=False)
 

@@ -209,7 +209,7 @@ def test_a_relative_out_folder_gets_data_docs(cli, clean_scan, tmp_path, monkeyp
 def regen_shards(folder, outputs: list[str]):
     """A regen output folder in the real shard format whose outputs are real Qwen3 renderings of ``outputs``."""
     from chatdata import tokenizer
-    from dqa.regen.journal import Result, results_table, shard_path, write_table
+    from dqa.regen.store.journal import Result, results_table, shard_path, write_table
 
     tok = tokenizer()
     results = []

@@ -35,7 +35,7 @@ def regenerate(dataset: str | Path | None = None, out: str | None = None, *, con
     """
     from dqa.regen.config import RegenConfig
     from dqa.regen.run import regenerate as run_regenerate
-    from dqa.regen.urls import strip_userinfo
+    from dqa.regen.wire.urls import strip_userinfo
 
     if config is None:
         config = RegenConfig(dataset=dataset, out=out, **options)

@@ -13,7 +13,7 @@ from dqa.commands.common import console, handles_errors, help_text, stderr_is_tt
 from dqa.regen.config import (DEFAULT_BIND_HOST, DEFAULT_CONTEXT_LENGTH, DEFAULT_ENGINE, DEFAULT_GPUS, DEFAULT_MAMBA_EXTRA_BUFFER,
                               DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PORT_BASE, DEFAULT_REASONING_PARSER, DEFAULT_STATUS_TIMEOUT,
                               DEFAULT_UP_TIMEOUT)
-from dqa.regen.fleet_file import DEFAULT_FLEET_FILE as DEFAULT_FLEET
+from dqa.regen.fleet.file import DEFAULT_FLEET_FILE as DEFAULT_FLEET
 
 fleet_app = typer.Typer(
     name="fleet",
@@ -94,7 +94,8 @@ def up(
     """
     import json
 
-    from dqa.regen.fleet_up import FleetSpec, launch_fleet, prepare_launch
+    from dqa.regen.fleet.spec import FleetSpec
+    from dqa.regen.fleet.up import launch_fleet, prepare_launch
 
     spec = FleetSpec(
         model=model,
@@ -140,7 +141,7 @@ def up(
 
 
 class _CliLaunchEvents:
-    """The hooks of ``dqa.regen.fleet_up.LaunchEvents`` as `fleet up` shows them: bars and a
+    """The hooks of ``dqa.regen.fleet.up.LaunchEvents`` as `fleet up` shows them: bars and a
     spinner on a terminal; a failing server's log tail and servers that could not be stopped on
     stderr, always. (Not a subclass, so that `dqa --help` does not import the launcher.)"""
 
@@ -206,8 +207,8 @@ def status(
     import time
 
     from dqa.errors import EXIT_RUNTIME, UsageError
-    from dqa.regen import fleet_file as ff
-    from dqa.regen import fleet_status as fs
+    from dqa.regen.fleet import file as ff
+    from dqa.regen.fleet import status as fs
     from dqa.reports.fleet_table import status_table
 
     if quiet and watch:
@@ -284,8 +285,8 @@ def down(
     import json
 
     from dqa.errors import RuntimeFailure
-    from dqa.regen import fleet_file as ff
-    from dqa.regen import fleet_launch as fl
+    from dqa.regen.fleet import file as ff
+    from dqa.regen.fleet import launch as fl
 
     rec = ff.read_fleet(fleet)
     outcomes = fl.stop_endpoints(rec.endpoints, grace=grace)

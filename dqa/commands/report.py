@@ -137,7 +137,7 @@ def check_regen_of(regen: Path, scan_dir: Path, scan_summary: dict | None) -> No
     from dqa.audit.identity import describe, recorded_dataset
     from dqa.errors import InputError
 
-    from dqa.regen.run_folder import RunFolder
+    from dqa.regen.store.folder import RunFolder
 
     run = RunFolder(regen).manifest() if regen.is_dir() else None
     theirs, mine = (run.dataset_path if run else None), recorded_dataset(scan_summary)

@@ -65,7 +65,7 @@ def rebuild_in_convention(values: np.ndarray, offsets: np.ndarray, fmt: Any, con
     its end of turn (and the tokens after it when trained; up to it when not ``eot_trained``); a
     final turn without end of turn (a length cut) is trained to the sample's end.
     Vectorized over all samples (loops only over the few tokens of a header or think prefix)."""
-    from dqa.regen.prompts import header_starts
+    from dqa.regen.jobs.prompts import header_starts
 
     values = np.asarray(values)
     offsets = np.asarray(offsets, dtype=np.int64)

@@ -22,7 +22,7 @@ from dqa.regen.merge.index import RegenIndex, check_rows_in_range, read_manifest
 from dqa.regen.merge.options import MergeOptions
 from dqa.regen.merge.provenance import PROVENANCE_COLUMN, provenance_rows
 from dqa.regen.merge.report import MergeSummary, report_path
-from dqa.regen.run_folder import ShardStatus
+from dqa.regen.store.shards import ShardStatus
 
 _LENGTH, _FAILED = ShardStatus.LENGTH.code, ShardStatus.FAILED.code
 

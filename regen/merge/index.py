@@ -22,7 +22,8 @@ from dqa.audit.readers import _is_int_list
 from dqa.errors import InputError, RuntimeFailure
 from dqa.regen.merge.columns import as_strings
 from dqa.regen.merge.options import DEFAULT_ACCEPT
-from dqa.regen.run_folder import STATUSES, RunFolder, RunManifest, ShardStatus
+from dqa.regen.store.folder import RunFolder, RunManifest
+from dqa.regen.store.shards import STATUSES, ShardStatus
 
 _LENGTH, _FAILED = ShardStatus.LENGTH.code, ShardStatus.FAILED.code
 
@@ -100,7 +101,7 @@ def read_run_selection(d: Path) -> RunSelection:
     run.json records the findings file (an absolute path), ``--reasons``, ``--shard``,
     ``--limit`` and ``identity.selection.rows_sha256`` (``selection_digest`` of the selected
     rows before shard and limit); the selection is recomputed with
-    ``dqa.regen.selection`` and accepted only when the digest matches (the findings file may
+    ``dqa.regen.jobs.rows`` and accepted only when the digest matches (the findings file may
     have been rescanned since). Never raises for a missing or changed findings file: the
     result then has ``rows=None`` and a ``note``. Raises ``InputError`` when run.json exists
     but is malformed.
@@ -113,7 +114,7 @@ def read_run_selection(d: Path) -> RunSelection:
     if sel is None or ds_rows is None:
         return RunSelection(None, ds_rows, f"{run}: no selection recorded; only failed shard rows are listed")
     from dqa.regen.config import parse_shard
-    from dqa.regen.selection import narrow, selected_rows, selection_digest
+    from dqa.regen.jobs.rows import narrow, selected_rows, selection_digest
 
     failed_only = bool(sel.get("failed_only", True))
     findings = Path(manifest.findings) if failed_only and manifest.findings else None

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from dqa.regen.config import DEFAULT_MERGE_BATCH_ROWS
-from dqa.regen.run_folder import ShardStatus
+from dqa.regen.store.shards import ShardStatus
 
 ACCEPT_CHOICES = (ShardStatus.OK.value, ShardStatus.LENGTH.value)
 DEFAULT_ACCEPT = (ShardStatus.OK.value,)

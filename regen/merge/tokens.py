@@ -31,7 +31,7 @@ from dqa.regen.merge.index import RegenIndex, check_rows_in_range
 from dqa.regen.merge.options import CACHE_BYTES, MergeOptions
 from dqa.regen.merge.provenance import PROVENANCE_COLUMN, PROVENANCE_TYPE, merged_provenance, provenance_type
 from dqa.regen.merge.report import MergeSummary, report_path
-from dqa.regen.run_folder import ShardStatus
+from dqa.regen.store.shards import ShardStatus
 
 _LENGTH, _FAILED = ShardStatus.LENGTH.code, ShardStatus.FAILED.code
 _SHARD_DATA_COLUMNS = ("input_ids", "loss_mask", "prompt_len", "kept_len", "id") + tuple(f.name for f in PROVENANCE_TYPE)

@@ -116,7 +116,7 @@ def make_plan(
     if gpus is not None and gpus < 1:
         raise UsageError(f"--gpus {gpus}: a fleet has at least 1 GPU")
     if i.fleet is not None:
-        from dqa.regen.fleet_file import read_fleet
+        from dqa.regen.fleet.file import read_fleet
 
         fleet_rec = read_fleet(i.fleet)
         if gpus is None:

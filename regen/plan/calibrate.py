@@ -13,7 +13,7 @@ from typing import Any
 
 from dqa.errors import RuntimeFailure, UsageError
 from dqa.regen.config import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_TOKENIZER
-from dqa.regen.http_probe import answers_ok
+from dqa.regen.wire.http_probe import answers_ok
 
 
 @dataclass(frozen=True)
@@ -123,11 +123,11 @@ def calibrate(
     urls = list(endpoints)
     kind = protocol  # bare endpoints: the kind of the protocol they are asked to speak
     if fleet is not None:
-        from dqa.regen.fleet_file import read_fleet
+        from dqa.regen.fleet.file import read_fleet
 
         fleet_rec = read_fleet(fleet)
         urls, kind = fleet_rec.urls, fleet_rec.engine
-    from dqa.regen.http_policy import HttpPolicy
+    from dqa.regen.wire.http_policy import HttpPolicy
 
     policy = HttpPolicy(ca_bundle)  # the same TLS trust and proxies as the regen run below
     health = up_path(kind)

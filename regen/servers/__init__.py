@@ -1,7 +1,8 @@
-"""One module per server kind, behind one registry.
+"""One module per server kind, behind one registry: ``KINDS``.
 
 - ``sglang`` (``servers/sglang.py``): ``POST /generate``, token-exact; ``/health_generate``;
   launched as ``python -m sglang.launch_server``; `fleet status` reads ``/metrics`` or the log.
+  What differs between SGLang releases (length check, launch flags) is ``sglang_releases``.
 - ``openai`` (``servers/openai.py``): ``POST /v1/chat/completions`` (token-exact where the server
   allows it, else rendered back into tokens); ``/health_generate``, else ``/health``; any
   OpenAI-compatible server, not launched by dqa.
@@ -10,23 +11,23 @@
 
 ``KINDS[name]`` is a ``base.ServerKind``; ``ENGINES`` are the kinds `dqa fleet up --engine` can
 launch, ``PROTOCOLS`` the request protocols (`dqa regen --protocol`, the fleet file's
-``protocol``); ``protocol_kind(name)`` the kind that speaks a protocol, which `dqa regen` asks for
-its request protocol (``make_protocol``) and what that protocol needs (``chat_rendered``), so no
-kind name is spelled outside this package and the defaults. Importing this package imports numpy (the protocols); `dqa --help` does not.
+``protocol``; the choice list lives with the defaults in ``dqa.regen.config``, checked against ``KINDS`` here). ``protocol_kind(name)`` is the kind that speaks a protocol: `dqa regen` asks it for its request protocol (``make_protocol``) and what that protocol needs (``chat_rendered``), so no kind name is spelled outside this package and the defaults. ``facts`` is what a server says
+about itself. Adding a kind: its module (a ``ServerKind`` named ``KIND``, its ``Protocol`` if it
+has its own) and its name in the line below. Importing this package imports numpy (the
+protocols), not aiohttp; `dqa --help` imports neither.
 """
 
 from __future__ import annotations
 
 from dqa.errors import UsageError
+from dqa.regen.config import PROTOCOLS
 
+from . import openai, sglang, transformers
 from .base import Protocol, ServerKind
-from .openai import KIND as _OPENAI
-from .sglang import KIND as _SGLANG
-from .transformers import KIND as _TRANSFORMERS
 
-KINDS: dict[str, ServerKind] = {k.name: k for k in (_SGLANG, _OPENAI, _TRANSFORMERS)}
+KINDS: dict[str, ServerKind] = {m.KIND.name: m.KIND for m in (sglang, openai, transformers)}
 ENGINES = tuple(name for name, k in KINDS.items() if k.launchable)  # ("sglang", "transformers")
-PROTOCOLS = tuple(name for name, k in KINDS.items() if k.protocol == name)  # ("sglang", "openai")
+assert PROTOCOLS == tuple(name for name, k in KINDS.items() if k.protocol == name), "config.PROTOCOLS names the kinds' protocols"
 
 
 

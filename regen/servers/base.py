@@ -1,7 +1,7 @@
 """The two extension points every server kind fills in: its request ``Protocol`` and its ``ServerKind``.
 
 A ``Protocol`` turns one ``Job`` attempt into a request body and a reply into an ``Outcome``
-(``dqa.regen.client.call`` does the HTTP around it, the same for every kind). A ``ServerKind``
+(``dqa.regen.wire.call.call`` does the HTTP around it, the same for every kind). A ``ServerKind``
 says the rest: which protocol its servers speak, where their health is read, how `dqa fleet up`
 launches one, and what `dqa fleet status` can read from it. One module per kind implements both
 (``servers/sglang.py``, ``servers/openai.py``, ``servers/transformers.py``); the registry is
@@ -82,9 +82,9 @@ class ServerKind:
 
     async def preflight(self, transport, url: str, name: str, facts, timeout: float) -> str | None:
         """Start-up checks of one reachable endpoint (base ``url``; ``name`` without credentials)
-        for ``dqa regen --protocol`` this kind, after ``server_probe.discover`` found ``facts``
+        for ``dqa regen --protocol`` this kind, after ``facts.discover`` found ``facts``
         (a ``ServerFacts``, updated in place), with requests over ``transport`` (a
-        ``dqa.regen.transport.Transport``) answered within ``timeout`` seconds: the usage error
+        ``dqa.regen.wire.transport.Transport``) answered within ``timeout`` seconds: the usage error
         when the server does not speak this protocol, else None. Here: nothing to check."""
         return None
 
@@ -98,7 +98,7 @@ class ServerKind:
     # ------------------------------------------------------------------ fleet up
 
     def check_launch(self, spec) -> None:
-        """Refuse `fleet up` options (a ``fleet_up.FleetSpec``) this kind has no use for."""
+        """Refuse `fleet up` options (a ``fleet.spec.FleetSpec``) this kind has no use for."""
         if spec.mtp:
             raise UsageError(f"--mtp is an SGLang option; drop it with --engine {self.name}")
         if spec.deterministic:
@@ -109,7 +109,7 @@ class ServerKind:
         return []
 
     def prepare(self, launch, notes: list[str]) -> None:
-        """Settle what the launch command depends on (a ``fleet_launch.LaunchSpec``, changed in
+        """Settle what the launch command depends on (a ``fleet.spec.LaunchSpec``, changed in
         place) before the commands are built; ``notes`` get what was assumed."""
 
     def launch_argv(self, spec, port: int) -> list[str]:
@@ -119,6 +119,6 @@ class ServerKind:
     # ------------------------------------------------------------------ fleet status
 
     def status(self, fleet, ep, st, timeout: float) -> None:
-        """Fill in ``st`` (a ``fleet_status.EndpointStatus`` whose ``up`` is known) with the
+        """Fill in ``st`` (a ``fleet.status.EndpointStatus`` whose ``up`` is known) with the
         figures the server reports; here: none, and the note says so."""
         st.note = f"metrics unavailable ({self.no_metrics})"

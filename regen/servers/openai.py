@@ -13,7 +13,7 @@ server, an older SGLang: unknown chat fields are ignored there, or refused with 
 them) the text round trip: the reply (``reasoning_content`` + ``content``) is rendered back into
 tokens with the tokenizer's chat template, and the rendered prompt part must equal the prompt
 tokens; whitespace the server trimmed is lost. Which route an endpoint takes is decided at
-start-up (``server_probe``: a one-token probe request) or by its first reply, per endpoint
+start-up (the preflight, ``OpenAI.preflight``: a one-token probe request) or by its first reply, per endpoint
 (``OpenAIProtocol.routes``). Output token counts everywhere are the tokens that go into the
 shard, not the reply's ``usage``.
 """
@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from dqa.regen.client import FAIL, LENGTH, OK, RETRY, Job, Outcome, _short, error_in_body
+from dqa.regen.wire.outcome import FAIL, LENGTH, OK, RETRY, Outcome, error_in_body, short
 from dqa.regen.config import SamplingSpec
+from dqa.regen.jobs.job import Job
 
 from .base import Protocol, ServerKind
 
@@ -67,7 +68,7 @@ class OpenAIProtocol(Protocol):
 
     def use_facts(self, facts: dict[str, Any]) -> None:
         """Take the start-up probe's findings (``{base URL: ServerFacts | None}``, see
-        ``server_probe.preflight``): an endpoint whose ``token_ids`` is known gets that route; the
+        ``dqa.regen.dispatch.preflight.preflight``): an endpoint whose ``token_ids`` is known gets that route; the
         facts objects are kept and their ``token_ids`` updated when a reply says otherwise."""
         for url, f in facts.items():
             if f is None:
@@ -110,7 +111,7 @@ class OpenAIProtocol(Protocol):
             self.learn(url, outcome.route)
 
     def messages(self, job: Job) -> list[dict]:
-        from dqa.regen.prompts import chatml_messages
+        from dqa.regen.jobs.prompts import chatml_messages
 
         if job.messages is None:
             job.messages = chatml_messages(job.prompt, self.tokenizer, self.turn_start, self.eot)
@@ -158,7 +159,7 @@ class OpenAIProtocol(Protocol):
             message = choice.get("message") or {}
             finish = choice.get("finish_reason") or ""
         except (KeyError, IndexError, TypeError, AttributeError):
-            return Outcome(FAIL, error=f"reply has no choices[0]: {_short(obj, 120)}")
+            return Outcome(FAIL, error=f"reply has no choices[0]: {short(obj, 120)}")
         if finish == "abort":
             return Outcome(RETRY, finish_reason="abort", error="aborted by server")
         exact = self.token_exact_ids(choice, job)
@@ -268,8 +269,8 @@ async def probe_token_ids(transport, url: str, timeout: float, model: str | None
     """Ask an endpoint (base URL) once whether its ``/v1/chat/completions`` is token-exact: a
     one-token request with ``input_ids`` ``PROBE_IDS`` and ``"return_token_ids": true`` (see
     ``token_ids_answer``), answered within ``timeout`` seconds, over ``transport`` (a
-    ``dqa.regen.transport.Transport``). Never raises for server behaviour."""
-    from dqa.regen.transport import TransportError
+    ``dqa.regen.wire.transport.Transport``). Never raises for server behaviour."""
+    from dqa.regen.wire.transport import TransportError
 
     body: dict[str, Any] = {
         "messages": [{"role": "user", "content": "hi"}], "input_ids": PROBE_IDS, "return_token_ids": True,
@@ -301,7 +302,7 @@ class OpenAI(ServerKind):
         """No ``/v1/chat/completions`` (404) is the wrong protocol. Otherwise an SGLang endpoint
         gets the token-exact probe (``facts.token_ids``); another server takes the text round
         trip, unprobed; a server that did not say what it is stays unknown (its first reply decides)."""
-        from dqa.regen.server_probe import redirected, route_status
+        from dqa.regen.servers.facts import redirected, route_status
 
         status = await route_status(transport, url + OpenAIProtocol.path, timeout)
         if (moved := redirected(name, OpenAIProtocol.path, status)) is not None:
@@ -320,7 +321,7 @@ class OpenAI(ServerKind):
         (seconds to import and load) is loaded only when the first reply is rendered with the chat
         template. Raises ``InputError`` when the tokenizer has no chat template."""
         from dqa.errors import InputError
-        from dqa.regen.prompts import ChatTokenizer
+        from dqa.regen.jobs.prompts import ChatTokenizer
 
         tok = ChatTokenizer(spec.tokenizer_dir, lambda: spec.tokenizer)
         if not tok.chat_template:

@@ -1,7 +1,7 @@
 """SGLang: the native token-exact ``/generate`` protocol, ``/health_generate``, the
 ``python -m sglang.launch_server`` command of `dqa fleet up` and the Prometheus ``/metrics`` (or
 ``Decode batch`` log line) `dqa fleet status` reads. Facts per SGLang release (length check, the
-Mamba cache strategy flag) are in ``dqa.regen.server_sglang``; see shared/SGLANG.md.
+Mamba cache strategy flag) are in ``servers.sglang_releases``; see shared/SGLANG.md.
 
 Request: ``POST /generate`` with ``input_ids`` and ``sampling_params``; the reply's
 ``output_ids`` are kept as is (token-exact). Aborts follow SGLang (SGLANG.md, "Aborts"): a plain
@@ -24,12 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from dqa.regen.client import (
-    ENDPOINT_FAULT_STATUS, FAIL, LENGTH, OK, RETRY, RETRY_STATUS, Job, Outcome, _short, error_in_body,
-)
+from dqa.regen.wire.outcome import ENDPOINT_FAULT_STATUS, FAIL, LENGTH, OK, RETRY, RETRY_STATUS, Outcome, error_in_body, short
 from dqa.regen.config import SamplingSpec
-from dqa.regen.http_probe import http_get
-from dqa.regen.server_sglang import MAMBA_STRATEGY_FLAGS, NEWEST_KNOWN, mamba_extra_buffer_flags, parse_version
+from dqa.regen.jobs.job import Job
+from dqa.regen.wire.http_probe import http_get
+from dqa.regen.servers.sglang_releases import MAMBA_STRATEGY_FLAGS, NEWEST_KNOWN, mamba_extra_buffer_flags, parse_version
 
 from .base import Protocol, ServerKind
 
@@ -66,7 +65,7 @@ class SglangProtocol(Protocol):
         if isinstance(obj, list) and len(obj) == 1:
             obj = obj[0]
         if not isinstance(obj, dict):
-            return Outcome(FAIL, error=f"reply is not a JSON object: {_short(obj, 120)}")
+            return Outcome(FAIL, error=f"reply is not a JSON object: {short(obj, 120)}")
         meta = obj.get("meta_info") or {}
         fr = meta.get("finish_reason")
         if isinstance(fr, dict):
@@ -83,8 +82,8 @@ class SglangProtocol(Protocol):
                 # output is dropped and the row is asked again.
                 partial = obj.get("output_ids")
                 n = len(partial) if isinstance(partial, list) else 0
-                return Outcome(RETRY, finish_reason="abort", error=f"aborted by the server (HTTP 200, no status code): {_short(msg) or 'Aborted'}; {n} partial tokens dropped")
-            err = f"aborted by the server ({code}): {_short(msg)}"
+                return Outcome(RETRY, finish_reason="abort", error=f"aborted by the server (HTTP 200, no status code): {short(msg) or 'Aborted'}; {n} partial tokens dropped")
+            err = f"aborted by the server ({code}): {short(msg)}"
             if 400 <= code < 500 and code not in RETRY_STATUS:
                 return Outcome(FAIL, finish_reason="abort", error=err)
             return Outcome(RETRY, finish_reason="abort", error=err, endpoint_fault=code in ENDPOINT_FAULT_STATUS)
@@ -269,7 +268,7 @@ def parse_decode_line(line: str) -> dict[str, float]:
 def last_decode_stats(log: Path | None, max_bytes: int = 1 << 20) -> tuple[dict[str, float], str | None] | None:
     """The figures and timestamp of the latest ``Decode batch`` line in the last ``max_bytes``
     of ``log``; ``None`` when there is no such line or the log cannot be read."""
-    from dqa.regen.fleet_launch import read_tail
+    from dqa.regen.fleet.logs import read_tail
 
     data = read_tail(log, max_bytes)
     if data is None:
@@ -330,7 +329,7 @@ class Sglang(ServerKind):
         POST-only route answers 405) is the wrong protocol."""
         if facts.kind == "sglang":
             return None
-        from dqa.regen.server_probe import redirected, route_status
+        from dqa.regen.servers.facts import redirected, route_status
 
         status = await route_status(transport, url + SglangProtocol.path, timeout)
         if (moved := redirected(name, SglangProtocol.path, status)) is not None:

@@ -149,7 +149,7 @@ def test_scan_does_not_replace_a_previous_complete_scan_when_the_disk_fills(tmp_
 
 def regen_shard(folder: Path, rows: list[int], dataset: Path) -> Path:
     """A regen output folder with one shard that replaces ``rows`` (prompt = first 25 tokens)."""
-    from dqa.regen.journal import Result, results_table, write_table
+    from dqa.regen.store.journal import Result, results_table, write_table
 
     t = pq.read_table(dataset)
     ids = t.column("input_ids").to_pylist()

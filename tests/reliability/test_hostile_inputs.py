@@ -209,7 +209,7 @@ def regen_folder(folder: Path, rows: list[int], ids: list[list[int]]) -> Path:
     """A regen output folder whose one shard replaces ``rows`` (prompt = the first 10 tokens)."""
     import numpy as np
 
-    from dqa.regen.journal import Result, results_table, write_table
+    from dqa.regen.store.journal import Result, results_table, write_table
 
     results = [Result(r, f"s{r}", np.array(ids[r][:10], np.int32), np.array([THINK, 5, 6, END_THINK, 271, 7, IM_END], np.int32),
                       "ok", "stop", None, "http://127.0.0.1:1", 1, 0.1, "m", "{}", r, 1.7e9) for r in rows]

@@ -160,7 +160,7 @@ def test_kill_9_during_scan_never_leaves_a_partial_scan_folder(tmp_path):
 
 
 def test_kill_9_during_merge_into_a_shard_folder_never_leaves_a_partial_folder(tmp_path):
-    from dqa.regen.journal import Result, results_table, write_table
+    from dqa.regen.store.journal import Result, results_table, write_table
 
     data = dataset_folder(tmp_path / "data", rows=24_000, files=4)
     table = pa.concat_tables([pq.read_table(p) for p in sorted(data.glob("*.parquet"))])

@@ -98,7 +98,7 @@ def listing(folder: Path) -> list[str]:
 def last_seq(out: Path) -> int:
     """The highest shard / journal segment number in ``out`` (-1 when none): a run started now
     numbers its segments and shards above it (recovery keeps the numbers it finds)."""
-    from dqa.regen.journal import SEGMENT_RE, SHARD_RE
+    from dqa.regen.store.journal import SEGMENT_RE, SHARD_RE
 
     seqs = [int(m["seq"]) for n in listing(out / "shards") if (m := SHARD_RE.match(n))]
     seqs += [int(m["seq"]) for n in listing(out / "journal") if (m := SEGMENT_RE.match(n))]
@@ -108,7 +108,7 @@ def last_seq(out: Path) -> int:
 def recorded_since(out: Path, seq0: int) -> bool:
     """Whether a run that started when ``last_seq(out)`` was ``seq0`` has made a row durable: a
     valid record in one of its journal segments, or one of its shards."""
-    from dqa.regen.journal import SEGMENT_RE, SHARD_RE, decode_segment
+    from dqa.regen.store.journal import SEGMENT_RE, SHARD_RE, decode_segment
 
     if any((m := SHARD_RE.match(n)) and int(m["seq"]) > seq0 for n in listing(out / "shards")):
         return True

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from dqa.formatting import human_duration
-from dqa.regen.run_folder import ShardStatus
+from dqa.regen.store.shards import ShardStatus
 
 WINDOW_S = 60.0
 GAP_S = 60.0  # no request in flight for this long: the run was not working (between sessions, fleet down)

@@ -39,7 +39,7 @@ from typing import Callable
 import numpy as np
 
 from dqa.atomic import atomic_path, fsync_dir, new_temp, remove_stale_temps
-from dqa.regen.run_folder import SHARD_RE, SHARD_WRITE_OPTIONS, STATUSES, ShardStatus, list_shards, shard_path, shard_schema  # noqa: F401 - re-exported
+from dqa.regen.store.shards import SHARD_RE, SHARD_WRITE_OPTIONS, STATUSES, ShardStatus, list_shards, shard_path, shard_schema
 
 FRAME = struct.Struct("<II")
 FIXED = struct.Struct("<qqiiidd")  # row, seed, n_prompt, n_output, attempts, latency_s, completed_at

@@ -1,4 +1,4 @@
-"""Fleet dispatch: least-outstanding-requests over healthy endpoints, retries, health, draining.
+"""The scheduler: least-outstanding-requests over healthy endpoints, retries, draining, records.
 
 One asyncio loop drives everything: a dispatch loop hands ready jobs to the
 healthy endpoint with the fewest requests in flight (below its cap),
@@ -10,9 +10,10 @@ stops the run (``fatal``) without recording the row. An endpoint with ``fail_thr
 refused connection, or two failed health checks) is taken out: its in-flight
 requests are cancelled and go back to the queue for the others, and it is
 probed back in with its server kind's health path (``/health_generate``; ``/health`` for servers
-without it: ``servers.base.ServerKind.health_paths``).
+without it: ``servers.base.ServerKind.health_paths``). That health state machine is
+``endpoints.EndpointHealth``; the queue, the pick, the attempts and the journal records are here.
 
-What each endpoint is (``server_probe.ServerFacts``: context length, speculative reserve,
+What each endpoint is (``servers.facts.ServerFacts``: context length, speculative reserve,
 version, whether seeds take effect) comes from the start-up preflight, or is asked once the
 endpoint first becomes healthy; ``max_new_tokens`` is capped per request so SGLang's length
 check passes, and each row's ``sampling`` records ``seed_applied``.
@@ -36,14 +37,16 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from dqa.regen.client import FAIL, FATAL, LENGTH, OK, RETRY, Job, Outcome, call
+from dqa.regen.dispatch.endpoints import Endpoint, EndpointHealth
 from dqa.regen.config import DEFAULT_MAX_IN_FLIGHT, Retries, Timeouts
-from dqa.regen.transport import AiohttpTransport, Transport, TransportError
-from dqa.regen.journal import Result, encode
-from dqa.regen.progress import EndpointCounts, Progress
-from dqa.regen.server_probe import SeedNotice, ServerFacts, describe, discover
-from dqa.regen.servers import KINDS
-from dqa.regen.urls import strip_userinfo
+from dqa.regen.dispatch.progress import Progress
+from dqa.regen.jobs.job import Job
+from dqa.regen.servers.facts import ServerFacts
+from dqa.regen.store.journal import Result, encode
+from dqa.regen.wire.call import call
+from dqa.regen.wire.outcome import FAIL, FATAL, LENGTH, OK, RETRY, Outcome
+from dqa.regen.wire.transport import AiohttpTransport, Transport
+from dqa.regen.wire.urls import strip_userinfo
 
 STATUS = {OK: "ok", LENGTH: "length", FAIL: "failed"}
 
@@ -81,29 +84,6 @@ def open_transport(settings: DispatchSettings, headers: dict[str, str] | None = 
                             per_host=settings.max_in_flight + 8, policy=policy)
 
 
-class Endpoint:
-    """One server URL and what the dispatcher knows about it."""
-
-    def __init__(self, url: str, name: str, counts: EndpointCounts, health_path: str = "/health_generate"):
-        self.url = url.rstrip("/")
-        self.name = name  # the URL without credentials: what logs and shards show
-        self.counts = counts
-        self.in_flight = 0
-        self.healthy = False
-        self.fails = 0
-        self.health_fails = 0
-        self.probing = False
-        self.next_check = 0.0
-        self.probe_backoff = 1.0
-        self.health_path = health_path  # the next one of the kind's health_paths after a 404
-        self.extras_off: frozenset[str] = frozenset()
-        self.tasks: set[asyncio.Task] = set()
-        self.last_error = ""
-        self.ever_healthy = False
-        self.facts: ServerFacts | None = None  # what the server said about itself (preflight or first health)
-        self.gen_url = self.url  # the generate URL (set by the dispatcher from the protocol)
-
-
 class Dispatcher:
     """Runs the selected jobs through the fleet; ``run()`` returns the final state.
 
@@ -139,19 +119,9 @@ class Dispatcher:
         self.model = model
         self.log = lambda msg: log(strip_userinfo(msg))  # error texts may quote an endpoint URL
         self.check = check
-        self.endpoints: list[Endpoint] = []
-        path = protocol.path
-        # Health: where the protocol's server kind reads it, best first (a 404 moves on).
-        self.health_paths = KINDS[protocol.name].health_paths
-        self.seed_notice = SeedNotice()
-        for u in urls:
-            name = strip_userinfo(u.rstrip("/"))
-            ep = Endpoint(u, name, progress.endpoints.setdefault(name, EndpointCounts()), self.health_paths[0])
-            ep.gen_url = ep.url + path
-            known = (facts or {}).get(u)
-            if known is not None:
-                self._learn(ep, known)
-            self.endpoints.append(ep)
+        # The endpoints and their health (taken out, brought back); the list is theirs.
+        self.health = EndpointHealth(urls, protocol, progress, settings, self.log, facts)
+        self.endpoints: list[Endpoint] = self.health.endpoints
         self.pending: list[Job] = []  # used as a stack of lists: see _next_job
         self._pending_pos = 0
         self.retries: list[tuple[float, int, Job]] = []
@@ -163,14 +133,12 @@ class Dispatcher:
         self.fatal: str | None = None
         self.fatal_exc: Exception | None = None  # the exception behind ``fatal`` when reading the dataset failed
         self.in_flight = 0
-        self.all_down_since: float | None = time.monotonic()
         self._sampling_json: dict[tuple[frozenset[str], int, bool | None], str] = {}
         # This session's requests: how many rows the servers answered, how many failed after a request.
         self.answered = 0
         self.request_failures = 0
         self.last_failure = ""
         self._rng = random.Random(0)
-        self._warned_down = False
 
     # -- public control -----------------------------------------------------------------
     def request_stop(self) -> None:
@@ -196,6 +164,8 @@ class Dispatcher:
         self.wake = asyncio.Event()
         if self.transport is None:  # generation, health checks and discovery: one session
             self.transport = open_transport(self.s, self.headers)
+        self.health.transport = self.transport
+        self.health.wake = self.wake.set
         ticker = self.loop.create_task(self._ticker())
         try:
             await self._dispatch_loop()
@@ -325,7 +295,7 @@ class Dispatcher:
 
     def _max_new(self, job: Job, ep: Endpoint | None) -> int:
         """max_new_tokens for this request: the configured limit, capped so that the server's length
-        check passes (context - prompt - speculative reserve, per its version; see server_sglang)."""
+        check passes (context - prompt - speculative reserve, per its version; see servers.sglang_releases)."""
         n = self.protocol.sampling.max_new_tokens
         cap = ep.facts.output_cap(int(job.prompt.size)) if ep is not None and ep.facts is not None else None
         if cap is not None:
@@ -379,7 +349,7 @@ class Dispatcher:
         if outcome.endpoint_fault:
             ep.fails += 1
             if ep.healthy and (outcome.refused or ep.fails >= self.s.fail_threshold):
-                self._take_out(ep, outcome.error or "failing")
+                self.health.take_out(ep, outcome.error or "failing")
         if self.stopping:
             return  # not recorded: a rerun regenerates it
         if job.attempts >= self.s.max_attempts:
@@ -448,117 +418,18 @@ class Dispatcher:
             self.request_failures += 1
             self.last_failure = strip_userinfo(error)
 
-    # -- health -----------------------------------------------------------------------------
-    def _take_out(self, ep: Endpoint, why: str) -> None:
-        ep.healthy = False
-        ep.counts.healthy = False
-        ep.probe_backoff = 1.0
-        ep.next_check = time.monotonic() + ep.probe_backoff
-        moved = 0
-        for t in list(ep.tasks):
-            if not t.done():
-                t.cancel()
-                moved += 1
-        self.log(f"{ep.name}: taken out ({why}); {moved} in-flight requests go to the other endpoints")
-        if not any(e.healthy for e in self.endpoints) and self.all_down_since is None:
-            self.all_down_since = time.monotonic()
-
-    def _bring_in(self, ep: Endpoint) -> None:
-        self._warned_down = False
-        ep.healthy = True
-        ep.counts.healthy = True
-        ep.fails = 0
-        ep.health_fails = 0
-        if ep.ever_healthy:
-            self.log(f"{ep.name}: healthy again, back in the fleet")
-        ep.ever_healthy = True
-        self.all_down_since = None
-
+    # -- the clock --------------------------------------------------------------------------
     async def _ticker(self) -> None:
+        health = self.health
         while True:
             now = time.monotonic()
-            for ep in self.endpoints:
-                if not ep.probing and now >= ep.next_check:
-                    ep.probing = True
-                    self.loop.create_task(self._probe(ep))
-            if self.all_down_since is not None and not self.stopping:
-                if not self._warned_down and now - self.all_down_since > 5.0:
-                    self._warned_down = True
-                    why = "; ".join(f"{e.name}: {e.last_error}" for e in self.endpoints if e.last_error)[:300]
-                    self.log(f"no healthy endpoint{f' ({why})' if why else ''}; waiting up to {self.s.down_deadline:g} s")
-                if now - self.all_down_since > self.s.down_deadline:
-                    errs = "; ".join(f"{e.name}: {e.last_error}" for e in self.endpoints if e.last_error)
-                    self.fatal = strip_userinfo(
-                        f"all {len(self.endpoints)} endpoints down for more than {self.s.down_deadline:g} s"
-                        f"{f' ({errs[:300]})' if errs else ''}; rerun the same command to resume"
-                    )
+            health.start_due_probes(now, self.loop.create_task)
+            if health.all_down_since is not None and not self.stopping:
+                down = health.down_too_long(now)
+                if down is not None:
+                    self.fatal = down
             msg = self.check()
             if msg and not self.fatal:
                 self.fatal = msg
             self.wake.set()
             await asyncio.sleep(0.25)
-
-    async def _probe(self, ep: Endpoint) -> None:
-        try:
-            ok, err = await self._health(ep)
-            if ok and not ep.ever_healthy:
-                await self._discover_model(ep)
-        except Exception as exc:  # a probe never kills the run
-            ok, err = False, f"{type(exc).__name__}: {exc}"
-        finally:
-            ep.probing = False
-        now = time.monotonic()
-        if ok:
-            if not ep.healthy:
-                self._bring_in(ep)
-            ep.health_fails = 0
-            ep.next_check = now + self.s.health_interval
-        elif ep.healthy:
-            ep.health_fails += 1
-            ep.last_error = err
-            if ep.health_fails >= 2:
-                self._take_out(ep, f"health check failed: {err}")
-            else:
-                ep.next_check = now + min(self.s.health_interval, 2.0)
-        else:
-            ep.last_error = err or ep.last_error
-            ep.probe_backoff = min(ep.probe_backoff * 2, self.s.probe_max_interval)
-            ep.next_check = now + ep.probe_backoff
-        self.wake.set()
-
-    async def _health(self, ep: Endpoint) -> tuple[bool, str]:
-        paths = self.health_paths
-        timeout = self.s.health_timeout
-        connect = min(self.s.connect_timeout, timeout) if self.s.connect_timeout > 0 else timeout
-        for _ in range(len(paths)):
-            try:
-                status, _ = await self.transport.request("GET", ep.url + ep.health_path, timeout=timeout, connect_timeout=connect)
-            except TransportError as exc:
-                if exc.kind == "timeout":
-                    return False, f"{ep.health_path} timed out"
-                return False, f"{ep.health_path}: {' '.join(str(exc).split())[:120 if exc.kind != 'tls' else 400]}"
-            later = paths[paths.index(ep.health_path) + 1:] if ep.health_path in paths else ()
-            if status == 404 and later:
-                ep.health_path = later[0]  # servers without it (transformers serve has no /health_generate)
-                continue
-            return status == 200, f"{ep.health_path} HTTP {status}"
-        return False, "no health endpoint"
-
-    def _learn(self, ep: Endpoint, facts: ServerFacts) -> None:
-        """Keep what ``ep`` said about itself; the model name when none was given; say once when
-        its seeds do not reproduce outputs."""
-        ep.facts = facts
-        if facts.model and not self.protocol.model:
-            self.protocol.model = facts.model
-        self.seed_notice.check(ep.name, facts, self.log)
-
-    async def _discover_model(self, ep: Endpoint) -> None:
-        """Learn what the endpoint is (model name, context length, speculative reserve, seeds) when
-        the start-up preflight could not (it was not up yet)."""
-        if ep.facts is not None and ep.facts.complete:
-            return
-        facts = await discover(self.transport, ep.url, self.s.health_timeout)
-        if facts.complete or ep.facts is None:
-            self._learn(ep, facts)
-            if facts.complete:
-                self.log(describe(ep.name, facts))

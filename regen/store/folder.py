@@ -6,11 +6,11 @@
   ``RunManifest.read`` is the one parser: a missing key reads as its default (version 1 files
   written before a key existed keep working), a key of the wrong type, a file that is not JSON or a
   version newer than this dqa knows is an ``InputError`` naming the file and what was expected.
-* The shard store: ``shard_schema`` (the shard columns), ``ShardStatus`` (the ``status`` values),
-  ``shard_path``/``list_shards`` (where shards live) and ``RunFolder``: the folder's paths and its
+* ``RunFolder``: the folder's paths (run.json, progress.json, the lock, the shards) and its
   policy: ``lock`` (one writer at a time), ``check_usable`` (a folder dqa regen made, or a new or
   empty one it can write) and ``check_identity`` (a resume goes into a folder made for the same
-  dataset, selection and sampling).
+  dataset, selection and sampling). The shard store itself (columns, ``status`` values, where
+  shards live) is ``store.shards``.
 
 Version history of run.json: 1, the layout of ``RunManifest.to_json`` (files without
 ``version`` are read as 1).
@@ -19,99 +19,23 @@ Version history of run.json: 1, the layout of ``RunManifest.to_json`` (files wit
 from __future__ import annotations
 
 import contextlib
-import enum
 import json
 import os
-import re
 import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from dqa.errors import InputError
+from dqa.regen.store.shards import SHARDS_DIR, list_shards
 
 RUN_VERSION = 1  # the newest run.json layout this dqa writes and reads
 
 RUN_JSON = "run.json"
 PROGRESS_JSON = "progress.json"
-SHARDS_DIR = "shards"
 JOURNAL_DIR = "journal"
 LOCK_FILE = ".lock"
 OWN_NAMES = frozenset({LOCK_FILE, RUN_JSON, PROGRESS_JSON, SHARDS_DIR, JOURNAL_DIR})  # what dqa regen puts in --out
-
-SHARD_RE = re.compile(r"^part-(?P<tag>.+)-(?P<seq>\d{6,})\.parquet$")
-
-
-class ShardStatus(str, enum.Enum):
-    """A shard record's ``status``: ``ok`` (a complete reply), ``length`` (cut by
-    ``--max-new-tokens``), ``failed`` (no reply; ``error`` says why). Members compare equal to
-    their strings; ``code`` is the int8 index used by in-memory status arrays."""
-
-    OK = "ok"
-    LENGTH = "length"
-    FAILED = "failed"
-
-    @property
-    def code(self) -> int:
-        return STATUSES.index(self.value)
-
-    def __str__(self) -> str:
-        return self.value
-
-
-STATUSES: tuple[str, ...] = tuple(s.value for s in ShardStatus)  # index = status code (ok 0, length 1, failed 2)
-
-
-def shard_schema():
-    """The arrow schema of a shard (FORMATS.md, "Shard columns")."""
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            ("row", pa.int64()),
-            ("id", pa.string()),
-            ("input_ids", pa.list_(pa.int32())),
-            ("loss_mask", pa.list_(pa.uint8())),
-            ("prompt_len", pa.int32()),
-            ("output_tokens", pa.int32()),
-            ("status", pa.string()),
-            ("finish_reason", pa.string()),
-            ("error", pa.string()),
-            ("endpoint", pa.string()),
-            ("attempts", pa.int32()),
-            ("latency_s", pa.float64()),
-            ("model", pa.string()),
-            ("sampling", pa.string()),
-            ("seed", pa.int64()),
-            ("completed_at", pa.timestamp("us", tz="UTC")),
-            ("turn", pa.int32()),
-            ("turns", pa.int32()),
-            ("kept_len", pa.int32()),
-        ]
-    )
-
-
-# Shards are zstd-compressed, with dictionary encoding only for columns whose values repeat. On
-# token ids it would hash every value and then fall back to plain encoding: that was 40% of the
-# time a shard took to write, for files 5% larger (bench/README.md, regen client).
-SHARD_WRITE_OPTIONS = {
-    "compression": "zstd",
-    # leaf paths: a list column's values are "<name>.list.element"
-    "use_dictionary": ["loss_mask.list.element", "status", "finish_reason", "error", "endpoint", "model", "sampling",
-                       "attempts", "turn", "turns"],
-}
-
-
-def shard_path(out: Path, tag: str, seq: int) -> Path:
-    """Where shard ``seq`` of driver ``tag`` (``s<i>of<N>``) lives in folder ``out``."""
-    return out / SHARDS_DIR / f"part-{tag}-{seq:06d}.parquet"
-
-
-def list_shards(out: Path) -> list[Path]:
-    """The completed shards of folder ``out`` (named as ``shard_path`` names them), sorted."""
-    d = out / SHARDS_DIR
-    return sorted(p for p in d.glob("part-*.parquet") if SHARD_RE.match(p.name)) if d.is_dir() else []
-
 
 # --------------------------------------------------------------------------------------------- run.json
 

@@ -13,7 +13,7 @@ between SGLang releases follow ``sglang_version``, else the release the servers'
 (asked only when it changes the command), else the newest known (a note says so). ``launch_fleet``
 stages the model, starts the servers, writes the fleet file and waits until every server
 generates; ``LaunchEvents`` is how a caller shows progress (the CLI: bars, log tails).
-The building blocks (argument lists, staging, health, stopping) are in ``fleet_launch``.
+What is launched is ``spec``; the building blocks (argument lists, health, stopping) are in ``launch``, staging in ``stage``.
 """
 
 from __future__ import annotations
@@ -26,54 +26,18 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any, Callable, ContextManager
 
 from dqa.errors import InputError, RuntimeFailure, UsageError
-from dqa.regen.config import (DEFAULT_BIND_HOST, DEFAULT_CONTEXT_LENGTH, DEFAULT_ENGINE, DEFAULT_GPUS, DEFAULT_MAMBA_EXTRA_BUFFER,
-                              DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PORT_BASE, DEFAULT_REASONING_PARSER, DEFAULT_UP_TIMEOUT)
-
-from . import fleet_file as ff
-from . import fleet_launch as fl
-from .servers import ENGINES, KINDS
+from dqa.regen.fleet import file as ff
+from dqa.regen.fleet import launch as fl
+from dqa.regen.fleet.logs import log_tail
+from dqa.regen.fleet.spec import FleetSpec, LaunchSpec
+from dqa.regen.fleet.stage import stage_model
+from dqa.regen.servers import ENGINES, KINDS
+from dqa.regen.servers.sglang import is_hybrid_mamba
 
 Progress = Callable[[int, int], None]
-
-
-@dataclass(frozen=True)
-class FleetSpec:
-    """What to launch: one field per `dqa fleet up` option, with its default.
-
-    ``gpus`` is a list text (``"0-6"``, ``"0,2,5"``) or ids; ``env`` is ``KEY=VALUE`` texts or a
-    dict; ``context_length``/``max_running_requests`` 0 mean the server's own default;
-    ``reasoning_parser`` ``"none"`` leaves it off; ``python`` ``None`` is the running Python;
-    ``log_dir`` ``None`` is ``fleet-logs/`` next to the fleet file; ``extra`` goes to every
-    server unchanged. ``sglang_version`` ``None``: asked from ``python`` where a flag depends on
-    it; ``deterministic`` adds ``--enable-deterministic-inference``.
-    """
-
-    model: str
-    gpus: str | Sequence[str] = DEFAULT_GPUS
-    engine: str = DEFAULT_ENGINE
-    stage: Path | None = None
-    mtp: bool = False
-    mamba_extra_buffer: str = DEFAULT_MAMBA_EXTRA_BUFFER
-    sglang_version: str | None = None
-    deterministic: bool = False
-    port_base: int = DEFAULT_PORT_BASE
-    host: str = DEFAULT_BIND_HOST
-    advertise_host: str | None = None
-    context_length: int = DEFAULT_CONTEXT_LENGTH
-    max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS
-    reasoning_parser: str = DEFAULT_REASONING_PARSER
-    metrics: bool = True
-    python: str | None = None
-    env: Sequence[str] | dict[str, str] = ()
-    fleet: Path = Path(ff.DEFAULT_FLEET_FILE)
-    log_dir: Path | None = None
-    timeout: float = DEFAULT_UP_TIMEOUT
-    keep_on_failure: bool = False
-    force: bool = False
-    extra: Sequence[str] = ()
 
 
 @dataclass
@@ -84,7 +48,7 @@ class PreparedLaunch:
     assumed when a flag depends on it and the servers' Python could not say."""
 
     spec: FleetSpec
-    launch: fl.LaunchSpec
+    launch: LaunchSpec
     commands: list[fl.ServerCommand]
     stage: tuple[Path, Path] | None = None
     notes: list[str] = field(default_factory=list)
@@ -96,7 +60,7 @@ class PreparedLaunch:
 
     def script(self) -> str:
         """The bash script of ``--dry-run``: the notes as comment lines, the staging copy, then
-        every server in the background with its log (see ``fleet_launch.dry_run_script``)."""
+        every server in the background with its log (see ``launch.dry_run_script``)."""
         text = fl.dry_run_script(self.commands, self.spec.engine, self.stage)
         if not self.notes:
             return text
@@ -192,7 +156,7 @@ def prepare_launch(spec: FleetSpec, dry_run: bool = False) -> PreparedLaunch:
         stage_pair = (src, stage_dest)
         model_arg = str(stage_dest)
 
-    launch = fl.LaunchSpec(
+    launch = LaunchSpec(
         model=model_arg,
         gpus=gpu_list,
         engine=spec.engine,
@@ -213,7 +177,7 @@ def prepare_launch(spec: FleetSpec, dry_run: bool = False) -> PreparedLaunch:
         log_dir=log_dir,
         # Read from the source folder: a staged copy may not exist yet (--dry-run). Not here:
         # not hybrid (the note says so).
-        hybrid=fl.is_hybrid_mamba(str(model_path)) if local else (False if missing else None),
+        hybrid=is_hybrid_mamba(str(model_path)) if local else (False if missing else None),
     )
     kind.check_launch(spec)  # options the engine has no use for (--mtp, --deterministic without SGLang)
     notes = _missing_model_notes(spec, str(model_path)) if missing else []
@@ -263,7 +227,7 @@ def launch_fleet(spec: FleetSpec, events: LaunchEvents | None = None) -> LaunchR
     servers already started are stopped (unless ``keep_on_failure``) and the fleet file is removed,
     kept only while one could not be stopped. Returns the ``LaunchResult``. Raises
     ``UsageError``/``InputError`` for bad options (see ``prepare_launch``), a fleet file that
-    records a running fleet or cannot be read, or a busy port; ``fleet_launch.ServerFailed``
+    records a running fleet or cannot be read, or a busy port; ``launch.ServerFailed``
     naming the GPU and log of a server that exited or timed out; ``RuntimeFailure`` when
     interrupted while waiting.
     """
@@ -275,7 +239,7 @@ def launch_fleet(spec: FleetSpec, events: LaunchEvents | None = None) -> LaunchR
     if prepared.stage is not None:
         src = prepared.stage[0]
         with events.staging(src) as on_progress:
-            dest, copied = fl.stage_model(src, spec.stage, on_progress)
+            dest, copied = stage_model(src, spec.stage, on_progress)
         events.staged(src, dest, copied)
 
     cmds = prepared.commands
@@ -299,7 +263,7 @@ def launch_fleet(spec: FleetSpec, events: LaunchEvents | None = None) -> LaunchR
                 fl.wait_healthy(servers, spec.engine, spec.timeout, on_progress=on_progress)
     except BaseException as exc:
         if isinstance(exc, fl.ServerFailed):
-            events.server_failed(exc.gpu, exc.log, fl.log_tail(exc.log))
+            events.server_failed(exc.gpu, exc.log, log_tail(exc.log))
         left = []
         if not spec.keep_on_failure:
             outcomes = fl.stop_started(servers, grace=10.0)

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 
 from dqa.errors import InputError, RuntimeFailure
-from dqa.regen.urls import strip_userinfo
+from dqa.regen.wire.urls import strip_userinfo
 
 
 def is_url(s: str) -> bool:

@@ -14,7 +14,7 @@ replies. On top of it, the guards a generation client needs that no library sets
   request has a connection (the request is sent) to its last byte, however the server paces it; a
   reply that trickles in a byte at a time is cut off like a silent one. ``connect_timeout`` bounds
   getting the connection (DNS, TCP, TLS, proxy) before that, on its own clock;
-- **a size limit per reply** (``post``'s ``limit``, from the request: ``client.reply_limit``; the
+- **a size limit per reply** (``post``'s ``limit``, from the request: ``call.reply_limit``; the
   probes' ``PROBE_REPLY_LIMIT``): a ``Content-Length`` over it fails at once, a body (decoded)
   that grows past it fails when it does, so memory stays bounded whatever the server sends;
 - **never resend**: a POST whose connection breaks is not sent again here (aiohttp retries only
@@ -39,8 +39,8 @@ from typing import Any
 import aiohttp
 import yarl
 
-from dqa.regen.http_policy import HttpPolicy
-from dqa.regen.urls import strip_userinfo
+from dqa.regen.wire.http_policy import HttpPolicy
+from dqa.regen.wire.urls import strip_userinfo
 
 # Idle connections older than this are closed instead of reused: uvicorn (SGLang's HTTP server)
 # closes kept-alive connections after 5 idle seconds, and a request sent as the server closes one

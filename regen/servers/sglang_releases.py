@@ -2,7 +2,7 @@
 released source, 0.5.4 to 0.5.23").
 
 Two sides use it: ``dqa regen`` reads a running server's ``/server_info`` (``ServerFacts`` in
-``server_probe``) to cap each request's ``max_new_tokens`` the way that server checks lengths and
+``servers.facts``) to cap each request's ``max_new_tokens`` the way that server checks lengths and
 to know whether ``sampling_seed`` takes effect; ``dqa fleet up`` picks the launch flags that exist
 in the SGLang version installed on the GPU node.
 

@@ -6,79 +6,41 @@ environment it adds (``CUDA_VISIBLE_DEVICES=i``), its port and its log file. The
 itself is the engine's server kind's (``dqa.regen.servers``: ``servers.sglang`` per SGLANG.md and
 the SGLang release, ``servers.transformers`` for ``transformers serve``, the CPU stand-in), and so
 is the health path ``wait_healthy`` polls.
-``stage_model`` copies the model folder to a RAM disk once. ``start_servers`` +
+``stage.stage_model`` copies the model folder to a RAM disk once. ``start_servers`` +
 ``wait_healthy`` bring the fleet up; ``stop_endpoint`` stops exactly a recorded process after
 checking it still is the one dqa started. The whole of `dqa fleet up` (checks, staging, start,
-fleet file, wait, clean-up on failure) is ``dqa.regen.fleet_up.launch_fleet``.
+fleet file, wait, clean-up on failure) is ``up.launch_fleet``; a server's log is read with ``logs``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 from dqa.errors import InputError, RuntimeFailure, UsageError
-from dqa.regen.config import (DEFAULT_BIND_HOST, DEFAULT_CONTEXT_LENGTH, DEFAULT_ENGINE, DEFAULT_MAMBA_EXTRA_BUFFER, DEFAULT_MAX_RUNNING_REQUESTS,
-                              DEFAULT_PORT_BASE, DEFAULT_REASONING_PARSER)
 
-from .fleet_file import Endpoint, redact
-from .http_probe import answers_ok
-from .server_sglang import parse_version
-from .servers import ENGINES, KINDS
-
-# The launch knowledge of each engine lives in its server kind; these names stay importable here.
-from .servers.sglang import (  # noqa: F401
-    DETERMINISTIC_FLAG, MTP_FLAGS, VERSION_QUERY, installed_sglang_version,
-    is_hybrid_mamba, wants_extra_buffer,
-)
-from .servers.transformers import transformers_executable  # noqa: F401
+from dqa.regen.fleet.file import Endpoint, redact
+from dqa.regen.fleet.spec import LaunchSpec
+from dqa.regen.servers import ENGINES, KINDS
+from dqa.regen.servers.sglang_releases import parse_version
+from dqa.regen.wire.http_probe import answers_ok
 
 # Per engine: the health path `fleet up` waits on.
 HEALTH_PATH = {name: KINDS[name].health_paths[0] for name in ENGINES}
-STAGE_MARKER = ".dqa-stage.json"
 KILL_WAIT_S = 5.0  # how long a SIGKILLed process may take to disappear before it counts as "not stopped"
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 # A POSIX shell variable name: anything else in `KEY=value` would be run by the dry-run script.
 ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-@dataclass
-class LaunchSpec:
-    """What to launch. ``model`` is the path (or hub id) every server loads."""
-
-    model: str
-    gpus: list[str]
-    engine: str = DEFAULT_ENGINE
-    host: str = DEFAULT_BIND_HOST
-    advertise_host: str | None = None
-    port_base: int = DEFAULT_PORT_BASE
-    context_length: int | None = DEFAULT_CONTEXT_LENGTH
-    max_running_requests: int | None = DEFAULT_MAX_RUNNING_REQUESTS
-    reasoning_parser: str | None = DEFAULT_REASONING_PARSER
-    enable_metrics: bool = True
-    mtp: bool = False
-    mamba_extra_buffer: str = DEFAULT_MAMBA_EXTRA_BUFFER  # auto | on | off
-    python: str = field(default_factory=lambda: sys.executable)
-    extra: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    log_dir: Path = Path("fleet-logs")
-    hybrid: bool | None = None  # hybrid Mamba model; None: read the model's config.json
-    sglang_version: str | None = None  # the servers' SGLang release; None: the newest known (server_sglang.NEWEST_KNOWN)
-    deterministic: bool = False  # --enable-deterministic-inference
 
 
 @dataclass
@@ -227,102 +189,6 @@ def dry_run_script(cmds: Sequence[ServerCommand], engine: str, stage: tuple[Path
     return "\n".join(lines) + "\n"
 
 
-# ---------------------------------------------------------------- staging
-
-
-def _manifest(src: Path) -> dict[str, list[int]]:
-    """Relative path -> [size, mtime_ns] of every file under ``src`` (symlinks followed)."""
-    if src.is_file():
-        st = src.stat()
-        return {src.name: [st.st_size, st.st_mtime_ns]}
-    files: dict[str, list[int]] = {}
-    for root, dirs, names in os.walk(src, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".tmp-"))
-        for name in sorted(names):
-            p = Path(root) / name
-            st = p.stat()
-            files[str(p.relative_to(src))] = [st.st_size, st.st_mtime_ns]
-    return files
-
-
-def staged_copy_is_current(src: Path, dest: Path, manifest: dict[str, list[int]] | None = None) -> bool:
-    """True when ``dest`` is a complete dqa copy of ``src`` as it is now (same files, sizes,
-    mtimes). ``manifest`` is ``_manifest(src)`` when the caller already has it."""
-    marker = dest / STAGE_MARKER
-    try:
-        recorded = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    if manifest is None:
-        manifest = _manifest(src)
-    if recorded.get("files") != manifest:
-        return False
-    return all((dest / rel).is_file() and (dest / rel).stat().st_size == size for rel, (size, _) in manifest.items())
-
-
-def stage_model(
-    src: str | Path,
-    stage_dir: str | Path,
-    on_progress: Callable[[int, int], None] | None = None,
-) -> tuple[Path, bool]:
-    """Copy the model folder ``src`` into ``stage_dir`` (a RAM disk such as /dev/shm) once.
-
-    Returns ``(copy_path, copied)``; ``copied`` is False when an identical copy was already
-    there. ``on_progress(done_bytes, total_bytes)`` is called while copying. Raises
-    ``InputError`` when ``src`` is missing, when ``stage_dir`` lacks the space, or when the
-    destination exists but is not a dqa copy (it is never deleted then).
-    """
-    src = Path(src).resolve()
-    stage_dir = Path(stage_dir)
-    if not src.exists():
-        raise InputError(f"--model {src}: no such file or folder to stage")
-    dest = stage_dir.resolve() / src.name
-    if dest == src:
-        return dest, False
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    manifest = _manifest(src)  # walked once: a model folder can hold thousands of files
-    if staged_copy_is_current(src, dest, manifest):
-        return dest, False
-    if dest.exists() and not (dest / STAGE_MARKER).is_file():
-        raise InputError(f"--stage {stage_dir}: {dest} exists and is not a dqa copy of {src}; remove it or pick another --stage folder")
-    total = sum(size for size, _ in manifest.values())
-    free = shutil.disk_usage(stage_dir).free
-    if free < total + (64 << 20):
-        raise InputError(
-            f"--stage {stage_dir}: needs {total / 2**30:.2f} GiB for {src.name}, only {free / 2**30:.2f} GiB free"
-        )
-    partial = dest.with_name(".tmp-" + dest.name)
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    done = 0
-    chunk = 16 << 20
-    try:
-        for rel in manifest:
-            s = src if src.is_file() else src / rel
-            d = partial / rel
-            d.parent.mkdir(parents=True, exist_ok=True)
-            with open(s, "rb") as fi, open(d, "wb") as fo:
-                while True:
-                    buf = fi.read(chunk)
-                    if not buf:
-                        break
-                    fo.write(buf)
-                    done += len(buf)
-                    if on_progress is not None:
-                        on_progress(done, total)
-            shutil.copystat(s, d)
-        (partial / STAGE_MARKER).write_text(json.dumps({"source": str(src), "files": manifest}), encoding="utf-8")
-    except OSError as exc:
-        shutil.rmtree(partial, ignore_errors=True)
-        if exc.errno == errno.ENOSPC:
-            raise RuntimeFailure(f"--stage {stage_dir}: disk full while copying {src.name}") from None
-        raise
-    if dest.exists():  # an older dqa copy of a changed source: replace it
-        shutil.rmtree(dest)
-    partial.rename(dest)
-    return dest, True
-
-
 # ---------------------------------------------------------------- start / wait
 
 
@@ -402,30 +268,6 @@ def start_servers(cmds: Sequence[ServerCommand]) -> list[StartedServer]:
             t0 = time.time()
         started.append(StartedServer(command=c, process=proc, started=t0))
     return started
-
-
-def read_tail(path: Path | None, max_bytes: int) -> str | None:
-    """The last ``max_bytes`` of a (possibly huge) log file as text, carriage returns (progress
-    bars) turned into newlines; ``None`` when it cannot be read."""
-    if path is None:
-        return None
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - max_bytes))
-            data = fh.read()
-    except OSError:
-        return None
-    return data.decode("utf-8", errors="replace").replace("\r", "\n")
-
-
-def log_tail(path: Path | None, lines: int = 20, max_bytes: int = 64 << 10) -> list[str]:
-    """The last ``lines`` non-blank lines of a (possibly huge) log file; [] when it cannot be read."""
-    text = read_tail(path, max_bytes)
-    if text is None:
-        return []
-    return [ln for ln in text.split("\n") if ln.strip()][-lines:]
 
 
 def probe_health(url: str, path: str, timeout: float = 10.0) -> bool:

@@ -17,16 +17,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dqa.regen.config import DEFAULT_STATUS_TIMEOUT
-
-from .fleet_file import Endpoint, Fleet
-from .fleet_launch import is_local_host, verify_process
-from .http_probe import http_get
-from .servers import KINDS
-
-# SGLang's metrics and decode-log parsing live with its server kind; importable here as before.
-from .servers.sglang import (  # noqa: F401
-    DECODE_LINE, LOG_FIELDS, LOG_TIME, METRICS, last_decode_stats, parse_decode_line, parse_metrics,
-)
+from dqa.regen.fleet.file import Endpoint, Fleet
+from dqa.regen.fleet.launch import is_local_host, verify_process
+from dqa.regen.servers import KINDS
+from dqa.regen.wire.http_probe import http_get
 
 
 @dataclass

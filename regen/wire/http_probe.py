@@ -8,7 +8,7 @@ are ``http_policy.HttpPolicy``'s, the same as ``dqa regen``'s requests.
 
 from __future__ import annotations
 
-from dqa.regen.http_policy import HttpPolicy
+from dqa.regen.wire.http_policy import HttpPolicy
 
 
 def http_get(url: str, timeout: float, policy: HttpPolicy | None = None):
