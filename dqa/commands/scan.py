@@ -146,14 +146,14 @@ def _check_before_tokenizer(dataset: Path, out_dir: Path) -> None:
     """
     from dqa import atomic
     from dqa.audit import identity
-    from dqa.audit.scan import is_scan_folder
+    from dqa.audit.scan_folder import is_scan_folder, read_summary
     from dqa.errors import InputError
 
     if not Path(dataset).exists():
         raise InputError(f"{dataset}: no such file or folder")
     out = Path(out_dir)
     atomic.check_output_dir(out, [Path(dataset)], is_scan_folder, "dqa scan folder")
-    identity.check_scan_folder(out, dataset, identity.read_summary(out) if is_scan_folder(out) else None)
+    identity.check_scan_folder(out, dataset, read_summary(out) if is_scan_folder(out) else None)
 
 
 def _scan_with_progress(dataset, out_dir, options):
