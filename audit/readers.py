@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from dqa.arrays import ranks as _ranks, segment_sum as _segment_sum
 from dqa.audit import formats
+from dqa.audit.formats.base import FileFormat, short
 from dqa.errors import InputError
 
 IDS_DEFAULT = "input_ids"
@@ -137,7 +138,7 @@ class Dataset:
         ``last_turn_only`` on them is an ``InputError`` (their mask is stored). Raises ``InputError`` for
         a format without a chat template to render with."""
         if self.format == "conversations":
-            from dqa.audit.format_conversations import Renderer
+            from dqa.audit.formats.conversations import Renderer
 
             self.renderer = Renderer(chat_format, last_turn_only)
         elif last_turn_only:
@@ -382,7 +383,7 @@ def _detect_folder(path: Path) -> tuple[str, list[Path]]:
     ``KEY.pkl``, or ``KEY_00000_of_00008.pkl`` ... from ``num_proc`` processes) must be the shards
     of one cache, all of them present.
     """
-    by_family: dict[str, list[tuple[Path, formats.FileFormat, bool]]] = {}
+    by_family: dict[str, list[tuple[Path, FileFormat, bool]]] = {}
     broken: dict[str, InputError] = {}  # per family: the first file named like it that is not
     for p in sorted(q for q in path.rglob("*") if q.is_file() and not q.name.startswith(".")):
         claimed = formats.family_of_name(p.name)
@@ -419,9 +420,9 @@ def _detect_folder(path: Path) -> tuple[str, list[Path]]:
     raise InputError(f"{path}: folder holds no dataset files (expected {formats.EXPECTED})")
 
 
-def _arrow_shards(path: Path, found: list[tuple[Path, formats.FileFormat, bool]]) -> list[tuple[Path, formats.FileFormat, bool]]:
+def _arrow_shards(path: Path, found: list[tuple[Path, FileFormat, bool]]) -> list[tuple[Path, FileFormat, bool]]:
     """The Arrow files of a folder without ``datasets`` indices files; refuses several caches in one folder."""
-    from dqa.audit.format_arrow import cache_name, is_indices_file
+    from dqa.audit.formats.arrow import cache_name, is_indices_file
 
     kept = []
     for p, fmt, named in found:
@@ -611,7 +612,7 @@ def nest_token_lists(rb: pa.RecordBatch, nested: dict[str, pa.DataType]) -> pa.R
 
 
 def _short(exc: BaseException) -> str:
-    return formats.short(exc)
+    return short(exc)
 
 
 def _iter_file(f: Path, fmt: str, batch_rows: int, columns: list[str] | None, renderer=None) -> Iterator[pa.RecordBatch]:

@@ -407,7 +407,7 @@ def _is_stale_indices(p: Path) -> bool:
     beside a cache): its row positions belong to the input, not to the merged output."""
     if p.suffix != ".arrow":
         return False
-    from dqa.audit.format_arrow import is_indices_file
+    from dqa.audit.formats.arrow import is_indices_file
     import pyarrow as pa
 
     try:

@@ -37,7 +37,7 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
-from dqa.audit.formats import FileFormat
+from dqa.audit.formats.base import FileFormat
 from dqa.errors import InputError
 
 _BOM = b"\xef\xbb\xbf"
