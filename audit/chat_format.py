@@ -146,9 +146,9 @@ class ChatFormat:
         if self.tokenizer_dir is None:
             return None
         if "tok" not in self._lazy:
-            from dqa.audit.template import _load_tokenizer
+            from dqa.tokenizer_files import load_tokenizer
 
-            self._lazy["tok"] = _load_tokenizer(self.tokenizer_dir)
+            self._lazy["tok"] = load_tokenizer(self.tokenizer_dir)
         return self._lazy["tok"]
 
     def boilerplate_lut(self) -> np.ndarray:
