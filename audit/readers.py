@@ -505,7 +505,7 @@ def is_nested_list(t: pa.DataType) -> bool:
     return _is_list(t) and _is_list(t.value_type)
 
 
-def _is_int_list(t: pa.DataType, allow_bool: bool = False, nested: bool = False) -> bool:
+def is_int_list(t: pa.DataType, allow_bool: bool = False, nested: bool = False) -> bool:
     """Whether ``t`` is a list of integers (or, with ``allow_bool``, booleans); with ``nested``,
     also a list of such lists (read as ``[1, L]`` rows)."""
     if nested and is_nested_list(t):
@@ -527,10 +527,10 @@ def _check_schema(schema: pa.Schema, columns: Columns, f: Path, convention: str,
         raise InputError(f"{f}: no column {columns.ids!r}")
     either = " (or one [1, L] list of them per row)" if nested else ""
     t = schema.field(columns.ids).type
-    if not _is_int_list(t, nested=nested):
+    if not is_int_list(t, nested=nested):
         raise InputError(f"{f}: column {columns.ids!r} must be a list of integer token ids{either}, found {t}")
     t = schema.field(sup).type
-    if not _is_int_list(t, allow_bool=columns.mask is not None, nested=nested):
+    if not is_int_list(t, allow_bool=columns.mask is not None, nested=nested):
         kind = "0/1 integers or booleans" if columns.mask else "integers (-100 = unsupervised)"
         raise InputError(f"{f}: column {sup!r} must be a list of {kind}{either}, found {t}")
 
