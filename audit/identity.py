@@ -61,12 +61,12 @@ def dataset_files(dataset: str | Path) -> list[Path]:
 
     Raises ``InputError`` for a missing path or an unknown format.
     """
-    from dqa.audit.readers import _detect
+    from dqa.audit.dataset_files import detect_files
 
     p = Path(dataset)
     if not p.exists():
         raise InputError(f"{p}: no such file or folder")
-    return _detect(p)[1]
+    return detect_files(p)[1]
 
 
 def fingerprint_digest(fingerprint: Any) -> str | None:

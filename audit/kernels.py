@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dqa.arrays import ranks
-from dqa.audit.readers import TokenBatch
+from dqa.audit.token_batch import TokenBatch
 from dqa.audit.chat_format import ChatFormat
 from dqa.audit.metrics_schema import SAMPLE_METRICS, TURN, TURN_METRICS, names
 from dqa.errors import InputError

@@ -29,7 +29,7 @@ from dqa.audit import identity, metrics_schema
 from dqa.audit.cuts import truncation_cuts
 from dqa.audit.chat_format import detect_conventions
 from dqa.audit.kernels import KernelTables
-from dqa.audit.readers import Dataset, TokenBatch, open_dataset
+from dqa.audit.readers import Dataset, open_dataset
 from dqa.audit.scan_folder import (
     FINDINGS_FILE, METRICS_FILE, SCAN_FILES, SUMMARY_FILE, SUMMARY_MD_FILE, TURNS_FILE, is_scan_folder, read_summary,
 )

@@ -38,7 +38,8 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from dqa.atomic import atomic_path, fsync_dir, make_work_dir, replace_dir
-from dqa.audit.readers import Dataset, file_schema
+from dqa.audit.dataset_files import file_schema
+from dqa.audit.readers import Dataset
 from dqa.errors import InputError
 
 HF_META_KEY = b"huggingface"
