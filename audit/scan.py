@@ -27,7 +27,7 @@ from dqa.memory import reuse_freed_memory
 from dqa.audit import checks as checks_mod
 from dqa.audit import identity, metrics_schema
 from dqa.audit.cuts import truncation_cuts
-from dqa.audit.chat_format import detect_conventions
+from dqa.audit.conventions import detect_conventions
 from dqa.audit.kernels import KernelTables
 from dqa.audit.readers import Dataset, open_dataset
 from dqa.audit.scan_folder import (

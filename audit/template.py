@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dqa.audit.chat_format import ChatFormat, derive_chat_format, read_chat_template
+from dqa.audit.chat_format import ChatFormat, derive_chat_format
+from dqa.audit.chat_render import read_chat_template
 
 # The historical name: everything that took a TemplateSpec takes a ChatFormat.
 TemplateSpec = ChatFormat

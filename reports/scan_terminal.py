@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dqa.audit.chat_format import conventions_line
+from dqa.audit.conventions import conventions_line
 from dqa.audit.scan_folder import FINDINGS_FILE
 from dqa.reports.scan_markdown import template_repr
 from dqa.reports.scan_order import checks_by_samples, root_cause, root_cause_legend
