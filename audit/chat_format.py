@@ -38,18 +38,21 @@ gets plain ChatML. Any other tokenizer without a template is refused (``InputErr
 
 Templates whose assistant turns have no end-of-turn token of their own (GLM 4.5+: the next
 role token ends the turn) are refused too, for now: the truncation checks need one.
+
+Rendering a template (and finding a folder's) is ``dqa.audit.chat_render``; what a dataset's
+samples show about its format (a wrong tokenizer, the masking conventions) is
+``dqa.audit.conventions``.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from dqa.audit.chat_render import CHATML_TEMPLATE, CHATML_TOKENS, LLAMA3_TEMPLATE, LLAMA3_TOKENS, render_chat, special_tokens
 from dqa.errors import InputError
 
 
@@ -146,9 +149,9 @@ class ChatFormat:
         if self.tokenizer_dir is None:
             return None
         if "tok" not in self._lazy:
-            from dqa.audit.template import _load_tokenizer
+            from dqa.tokenizer_files import load_tokenizer
 
-            self._lazy["tok"] = _load_tokenizer(self.tokenizer_dir)
+            self._lazy["tok"] = load_tokenizer(self.tokenizer_dir)
         return self._lazy["tok"]
 
     def boilerplate_lut(self) -> np.ndarray:
@@ -203,143 +206,6 @@ class ChatFormat:
             "tool_response_opener": None if self.tool_response_opener is None else text(self.tool_response_opener),
             "keeps_reasoning_after_last_user": self.keeps_reasoning_after_last_user,
         }
-
-
-# ----------------------------------------------------------------------------- rendering
-
-
-def _special_token_text(value: Any) -> str | None:
-    """A special token as ``tokenizer_config.json`` stores it: a string or an AddedToken dict."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None
-
-
-SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-
-
-def special_tokens(config: dict) -> dict[str, str]:
-    """The special tokens a chat template sees (``bos_token`` ...), read from ``tokenizer_config.json``."""
-    out = {}
-    for name in SPECIAL_TOKEN_NAMES:
-        text = _special_token_text(config.get(name))
-        if text is not None:
-            out[name] = text
-    return out
-
-
-@lru_cache(maxsize=16)
-def _compile(template: str):
-    """Compile ``template`` in jinja2's immutable sandbox with transformers' settings and helpers."""
-    import datetime
-
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class Generation(jinja2.ext.Extension):
-        """``{% generation %}...{% endgeneration %}`` (TRL's assistant-mask blocks) renders its body."""
-
-        tags = {"generation"}
-
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-        def _body(self, caller):
-            return caller()
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
-    return env.from_string(template)
-
-
-_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
-
-
-def render_chat(
-    template: str,
-    messages: list[dict],
-    add_generation_prompt: bool = False,
-    special: dict[str, str] | None = None,
-    tools: list[dict] | None = None,
-    **kwargs: Any,
-) -> str:
-    """Render ``messages`` with a chat template as transformers' ``apply_chat_template(tokenize=False)`` does.
-
-    ``special`` holds the special tokens the template may read (``bos_token`` ...); ``kwargs``
-    are extra template variables (``enable_thinking=False``). Messages' None values are dropped
-    and reasoning given as ``thinking``/``reasoning`` is also passed as ``reasoning_content``,
-    as transformers does. Raises ``jinja2.TemplateError`` (``raise_exception`` in the template
-    included) when the template refuses the conversation.
-    """
-    chat = []
-    for m in messages:
-        m = {k: v for k, v in m.items() if v is not None}
-        reasoning = next((m[k] for k in _REASONING_FIELDS if m.get(k) is not None), None)
-        if reasoning is not None:
-            m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
-        chat.append(m)
-    context = {**(special or {}), **kwargs}
-    return _compile(template).render(messages=chat, tools=tools, documents=None, add_generation_prompt=add_generation_prompt, **context)
-
-
-# Llama 3's documented prompt format (Meta's model card and llama-models' ChatFormat): a header per
-# message, content trimmed, <|eot_id|> after each message; the generation prompt is the bare header.
-LLAMA3_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
-    "{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
-    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
-)
-LLAMA3_TOKENS = ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
-
-# Plain ChatML (no thinking switch): for a ChatML tokenizer folder that ships no template.
-CHATML_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-CHATML_TOKENS = ("<|im_start|>", "<|im_end|>")
-
-
-def read_chat_template(folder: Path) -> tuple[str | None, dict]:
-    """A folder's chat template, as transformers finds it, and its ``tokenizer_config.json`` (``{}`` if none).
-
-    The template is ``chat_template.jinja``, else ``chat_template`` of ``chat_template.json`` or
-    of ``tokenizer_config.json`` (a string, or a list of named templates: the ``default`` one).
-    """
-    config: dict = {}
-    try:
-        loaded = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
-        config = loaded if isinstance(loaded, dict) else {}
-    except (OSError, ValueError):
-        pass
-    if (folder / "chat_template.jinja").is_file():
-        return (folder / "chat_template.jinja").read_text(encoding="utf-8"), config
-    for source in ("chat_template.json", None):
-        data = config
-        if source is not None:
-            try:
-                data = json.loads((folder / source).read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-        template = data.get("chat_template") if isinstance(data, dict) else None
-        if isinstance(template, list):  # named templates
-            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-            template = named.get("default") or next(iter(named.values()), None)
-        if isinstance(template, str) and template:
-            return template, config
-    return None, config
 
 
 # ----------------------------------------------------------------------------- derivation
@@ -615,115 +481,3 @@ def _single(tok, text: str) -> int | None:
         ids = tok.encode(text, add_special_tokens=False).ids
         tid = ids[0] if len(ids) == 1 else None
     return None if tid is None else int(tid)
-
-
-# ----------------------------------------------------------------------------- a wrong tokenizer
-
-WRONG_TOKENIZER_SHARE = 0.5
-WRONG_TOKENIZER_MIN_ROWS = 8
-
-
-def check_format_fits(has_assistant: np.ndarray, supervised: np.ndarray, fmt: ChatFormat, dataset: str) -> None:
-    """Refuse a tokenizer whose assistant header is absent from most samples that have supervised tokens.
-
-    Called on the first batch(es) of a scan: more than ``WRONG_TOKENIZER_SHARE`` of at least
-    ``WRONG_TOKENIZER_MIN_ROWS`` supervised rows without the header means the data was made
-    with another chat format. Raises ``InputError`` (one line: the tokenizer, the share, the fix).
-    """
-    sup = supervised > 0
-    rows = int(sup.sum())
-    if rows < WRONG_TOKENIZER_MIN_ROWS:
-        return
-    missing = int((sup & ~has_assistant).sum())
-    share = missing / rows
-    if share > WRONG_TOKENIZER_SHARE:
-        header = fmt.decode(fmt.assistant_header)
-        raise InputError(
-            f"{dataset}: {share:.0%} of the first {rows:,} samples with supervised tokens have no assistant header of "
-            f"tokenizer {fmt.name} ({header!r}): the data was made with another chat format; "
-            f"give --tokenizer the tokenizer folder of the model that made the data"
-        )
-
-
-# ----------------------------------------------------------------------------- conventions
-
-
-def _share(values, applies) -> float | None:
-    n = int(applies.sum())
-    return None if n == 0 else float((values & applies).sum()) / n
-
-
-def detect_conventions(metrics, fmt: ChatFormat) -> dict[str, Any]:
-    """The dataset's masking conventions, from the per-sample convention columns (``kernels.CONVENTION_COLUMNS``).
-
-    Returns ``format`` (``ChatFormat.describe()``) and, each None when no sample shows it:
-    ``post_eot_trained`` (the token the template puts after end of turn, ChatML's newline, is
-    trained after a trained end of turn: SpecForge, TRL, LLaMA-Factory) with its share;
-    ``header_includes_think`` (a ``<think>`` opening the final turn is left untrained, as by
-    SpecForge's ``qwen3.5``/``qwen3-next-thinking`` headers ``<|im_start|>assistant\\n<think>\\n``)
-    with the share; ``trained_turns``: ``"all"`` or ``"last"`` (90% of the multi-turn samples
-    train every assistant turn / exactly one), else ``"mixed"``, with ``multi_turn_samples``;
-    ``header_trained`` (at least half the samples with a trained turn train its assistant header, as
-    TRL's DeepSeek V3 template trains ``<｜Assistant｜>``: the scan then sets trained header tokens aside
-    from ``misaligned_tokens``) with its share; ``eot_trained`` (at least half the samples with a
-    closed trained turn train every such turn's end-of-turn token; False: the model is not taught to
-    stop, as with axolotl's ``train_on_eos: none``) with its share.
-    """
-    import polars as pl
-
-    out: dict[str, Any] = {"format": fmt.describe()}
-    cols = set(metrics.columns)
-    if "post_eot_trained" in cols:
-        v = metrics["post_eot_trained"].to_numpy()
-        share = _share(v == 1, v >= 0)
-        out["post_eot_trained"] = None if share is None else share >= 0.5
-        out["post_eot_trained_share"] = share
-    if "think_open_trained" in cols:
-        v = metrics["think_open_trained"].to_numpy()
-        share = _share(v == 0, v >= 0)
-        out["header_includes_think"] = None if share is None else share >= 0.5
-        out["header_includes_think_share"] = share
-    for col in ("header_trained", "eot_trained"):
-        if col in cols:
-            v = metrics[col].to_numpy()
-            share = _share(v == 1, v >= 0)
-            out[col] = None if share is None else share >= 0.5
-            out[f"{col}_share"] = share
-    if {"assistant_turns", "trained_turns"} <= cols:
-        multi = metrics.filter((pl.col("assistant_turns") >= 2) & (pl.col("supervised_tokens") > 0))
-        out["multi_turn_samples"] = multi.height
-        if multi.height == 0:
-            out["trained_turns"] = None
-        else:
-            all_share = float((multi["trained_turns"] == multi["assistant_turns"]).mean())  # type: ignore[arg-type]
-            last_share = float((multi["trained_turns"] == 1).mean())  # type: ignore[arg-type]
-            out["trained_turns"] = "all" if all_share >= 0.9 else "last" if last_share >= 0.9 else "mixed"
-            out["trained_turns_share_all"] = all_share
-            out["trained_turns_share_last"] = last_share
-    return out
-
-
-def conventions_line(conventions: dict[str, Any]) -> str | None:
-    """One line for the terminal: the assistant header and the masking conventions found (None: nothing to say)."""
-    if not conventions:
-        return None
-    fmt = conventions.get("format") or {}
-    parts = []
-    if fmt.get("assistant_header"):
-        parts.append(f"header {fmt['assistant_header']!r}")
-    if conventions.get("header_trained"):
-        parts.append("header trained")
-    if conventions.get("eot_trained") is False:  # not a per-row finding: one setting of the tool (axolotl's train_on_eos: none)
-        parts.append(f"end of turn {fmt.get('end_of_turn') or ''} untrained: the model will not learn to stop".replace("  ", " "))
-    post, after, eot = conventions.get("post_eot_trained"), fmt.get("after_end_of_turn") or "", fmt.get("end_of_turn") or ""
-    if post is not None and after:
-        parts.append(f"trains {after!r} after {eot}" if post else f"{after!r} after {eot} untrained")
-    think = conventions.get("header_includes_think")
-    if think is not None:
-        parts.append("<think> in the untrained header" if think else "<think> trained")
-    turns = conventions.get("trained_turns")
-    if turns is not None:
-        what = {"all": "all assistant turns trained", "last": "last assistant turn only"}.get(turns, "some assistant turns trained")
-        parts.append(f"{what} ({conventions.get('multi_turn_samples', 0):,} multi-turn)")
-    return "conventions: " + " · ".join(parts) if parts else None
-

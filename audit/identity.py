@@ -29,6 +29,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from dqa.audit.scan_folder import read_summary
 from dqa.errors import InputError
 
 DEFAULT_ROOT = Path("dqa-out")
@@ -60,12 +61,12 @@ def dataset_files(dataset: str | Path) -> list[Path]:
 
     Raises ``InputError`` for a missing path or an unknown format.
     """
-    from dqa.audit.readers import _detect
+    from dqa.audit.dataset_files import detect_files
 
     p = Path(dataset)
     if not p.exists():
         raise InputError(f"{p}: no such file or folder")
-    return _detect(p)[1]
+    return detect_files(p)[1]
 
 
 def fingerprint_digest(fingerprint: Any) -> str | None:
@@ -77,16 +78,6 @@ def fingerprint_digest(fingerprint: Any) -> str | None:
 
 
 # --- what a scan folder records ------------------------------------------------------------
-
-
-def read_summary(folder: str | Path) -> dict[str, Any] | None:
-    """``folder/summary.json`` as a dict; None when it is absent or not a readable JSON object."""
-    f = Path(folder) / "summary.json"
-    try:
-        data = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def recorded_dataset(summary: dict[str, Any] | None) -> str | None:

@@ -1,9 +1,10 @@
 """``run_scan``: stream a dataset through the kernels, apply the checks, write the scan folder.
 
-Output (FORMATS.md): ``metrics.parquet`` (one row per sample), ``turns.parquet`` (one row per
-trained assistant turn), ``findings.parquet``, ``summary.json``, ``summary.md``. Everything is
-built in a temporary sibling folder and moved into place only when the scan succeeded, so a
-failed or interrupted scan never leaves output that looks complete.
+Output (FORMATS.md; the names are ``dqa.audit.scan_folder``'s): ``metrics.parquet`` (one row
+per sample), ``turns.parquet`` (one row per trained assistant turn), ``findings.parquet``,
+``summary.json``, ``summary.md``. Everything is built in a temporary sibling folder and moved
+into place only when the scan succeeded, so a failed or interrupted scan never leaves output
+that looks complete.
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ from dqa.memory import reuse_freed_memory
 from dqa.audit import checks as checks_mod
 from dqa.audit import identity, metrics_schema
 from dqa.audit.cuts import truncation_cuts
-from dqa.audit.chat_format import detect_conventions
+from dqa.audit.conventions import detect_conventions
 from dqa.audit.kernels import KernelTables
-from dqa.audit.readers import Dataset, TokenBatch, open_dataset
+from dqa.audit.readers import Dataset, open_dataset
+from dqa.audit.scan_folder import (
+    FINDINGS_FILE, METRICS_FILE, SCAN_FILES, SUMMARY_FILE, SUMMARY_MD_FILE, TURNS_FILE, is_scan_folder, read_summary,
+)
 from dqa.audit.scan_workers import read_parts, scan_parts
 from dqa.audit.template import TemplateSpec, load_template
 from dqa.errors import InputError
@@ -70,7 +74,6 @@ class ScanResult:
 ProgressFn = Callable[[int, int], None]  # (rows done so far, tokens done so far)
 
 
-SCAN_FILES = ("metrics.parquet", "turns.parquet", "findings.parquet", "summary.json", "summary.md")
 TURNS_FILE_ROWS = 65536  # turns.parquet is written this many turns at a time (one row group each)
 
 
@@ -83,11 +86,6 @@ def default_out_dir(dataset: str | Path) -> Path:
     A folder already holding this dataset's scan is preferred. Never raises.
     """
     return identity.default_scan_dir(dataset)
-
-
-def is_scan_folder(path: Path) -> bool:
-    """True when ``path`` holds a scan's ``summary.json`` and ``metrics.parquet``."""
-    return (path / "summary.json").is_file() and (path / "metrics.parquet").is_file()
 
 
 def scan_fingerprint(ds: Dataset, options: ScanOptions) -> dict[str, Any]:
@@ -108,7 +106,7 @@ def reusable_scan(dataset: str | Path, out_dir: str | Path, options: ScanOptions
     if not is_scan_folder(out):
         return False
     try:
-        stored = json.loads((out / "summary.json").read_text()).get("fingerprint")
+        stored = json.loads((out / SUMMARY_FILE).read_text()).get("fingerprint")
         options = options or ScanOptions()
         ds = open_dataset(dataset, options.ids_column, options.mask_column, options.labels_column, options.id_column)
         return stored == scan_fingerprint(ds, options)
@@ -304,7 +302,7 @@ def run_scan(
     tables = KernelTables.build(spec)
     out = Path(out_dir) if out_dir is not None else default_out_dir(dataset)
     atomic.check_output_dir(out, [Path(dataset)], is_scan_folder, "dqa scan folder")
-    previous = identity.read_summary(out) if is_scan_folder(out) else None
+    previous = read_summary(out) if is_scan_folder(out) else None
     identity.check_scan_folder(out, dataset, previous)
     fingerprint = scan_fingerprint(ds, options)
     # Outputs made from the previous scan stay only when this scan is the same one (same files, options).
@@ -338,13 +336,13 @@ def run_scan(
         summary["fingerprint"] = fingerprint
         summary["truncation_cuts"] = truncation_cuts(metrics, turns, ctx.params) if "truncated" in selected else []
         summary["degenerate_templates"] = _templates(metrics, turns, ds, spec, options.batch_rows, rows)
-        metrics.write_parquet(work / "metrics.parquet", compression="zstd")
-        write_turns(turns, metrics["id"] if id_cols else None, work / "turns.parquet")
-        findings.write_parquet(work / "findings.parquet", compression="zstd")
+        metrics.write_parquet(work / METRICS_FILE, compression="zstd")
+        write_turns(turns, metrics["id"] if id_cols else None, work / TURNS_FILE)
+        findings.write_parquet(work / FINDINGS_FILE, compression="zstd")
         from dqa.reports.scan_markdown import render_scan_markdown
 
-        atomic.write_json(work / "summary.json", summary)
-        atomic.write_text(work / "summary.md", render_scan_markdown(summary))
+        atomic.write_json(work / SUMMARY_FILE, summary)
+        atomic.write_text(work / SUMMARY_MD_FILE, render_scan_markdown(summary))
         # validate/gate/report outputs that live in the scan folder survive a rescan that gives the same scan.
         atomic.replace_dir(work, out, keep=lambda name: name not in SCAN_FILES and name not in dropped
                            and not name.startswith(atomic.TMP_PREFIX))

@@ -30,9 +30,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dqa.audit.chat_format import WRONG_TOKENIZER_MIN_ROWS, check_format_fits
+from dqa.audit.conventions import WRONG_TOKENIZER_MIN_ROWS, check_format_fits
 from dqa.audit.kernels import TURN_COLUMNS, TURN_DTYPES, KernelTables, batch_metrics_and_turns
-from dqa.audit.readers import Dataset, TokenBatch
+from dqa.audit.readers import Dataset
+from dqa.audit.token_batch import TokenBatch
 from dqa.memory import reuse_freed_memory
 
 ProgressFn = Callable[[int, int], None]  # (rows done so far, tokens done so far)

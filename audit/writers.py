@@ -38,7 +38,8 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from dqa.atomic import atomic_path, fsync_dir, make_work_dir, replace_dir
-from dqa.audit.readers import Dataset, file_schema
+from dqa.audit.dataset_files import file_schema
+from dqa.audit.readers import Dataset
 from dqa.errors import InputError
 
 HF_META_KEY = b"huggingface"
@@ -407,7 +408,7 @@ def _is_stale_indices(p: Path) -> bool:
     beside a cache): its row positions belong to the input, not to the merged output."""
     if p.suffix != ".arrow":
         return False
-    from dqa.audit.format_arrow import is_indices_file
+    from dqa.audit.formats.arrow import is_indices_file
     import pyarrow as pa
 
     try:

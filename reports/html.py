@@ -26,6 +26,7 @@ import numpy as np
 import polars as pl
 
 from dqa import atomic
+from dqa.audit.scan_folder import METRICS_FILE, SUMMARY_FILE, findings_file
 from dqa.errors import InputError
 from dqa.formatting import human_count, human_duration
 from dqa.regen.dispatch.progress import GAP_S, LIVE_STATES, work_spans
@@ -64,7 +65,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _read_tokens(scan_dir: Path) -> np.ndarray:
-    f = scan_dir / "metrics.parquet"
+    f = scan_dir / METRICS_FILE
     if not f.is_file():
         raise InputError(f"{f}: no such file (expected a scan folder written by `dqa scan`)")
     try:
@@ -117,12 +118,12 @@ def load_inputs(
 ) -> ReportInputs:
     """Read everything the report shows. Raises ``InputError`` naming a missing or unreadable file."""
     scan = Path(scan_dir)
-    sfile = scan / "summary.json"
+    sfile = scan / SUMMARY_FILE
     if not sfile.is_file():
         raise InputError(f"{sfile}: no such file (expected a scan folder written by `dqa scan`)")
     inputs = ReportInputs(scan_dir=scan, summary=_read_json(sfile), before_tokens=_read_tokens(scan))
-    if (scan / "findings.parquet").is_file():
-        inputs.findings = pl.read_parquet(scan / "findings.parquet")
+    if findings_file(scan).is_file():
+        inputs.findings = pl.read_parquet(findings_file(scan))
     if after_dir is not None:
         inputs.after_tokens = _read_tokens(Path(after_dir))
         inputs.after_label = f"after ({Path(after_dir).name})"

@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dqa.audit.chat_format import conventions_line
+from dqa.audit.conventions import conventions_line
+from dqa.audit.scan_folder import FINDINGS_FILE
 from dqa.reports.scan_markdown import template_repr
 from dqa.reports.scan_order import checks_by_samples, root_cause, root_cause_legend
 
@@ -74,5 +75,5 @@ def print_scan_table(summary: dict[str, Any], out_dir: str, console: Console) ->
     console.print(
         f"[{colour}]{summary['failing_rows']:,} of {rows:,} samples fail ({share:.1%})[/] · "
         f"thinking {'expected' if summary['thinking_expected'] else 'not expected'} · "
-        f"findings: {escape(out_dir)}/findings.parquet"
+        f"findings: {escape(out_dir)}/{FINDINGS_FILE}"
     )

@@ -12,7 +12,7 @@ import pytest
 
 from peer_conventions import load_model, tokenizer_folder
 from dqa.audit import template
-from dqa.audit.chat_format import read_chat_template, render_chat, special_tokens
+from dqa.audit.chat_render import read_chat_template, render_chat, special_tokens
 from dqa.errors import InputError
 
 # What each tokenizer's template says, decoded: header, turn openers, end of turn, what follows it,

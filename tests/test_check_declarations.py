@@ -104,7 +104,7 @@ def test_the_kernel_computes_the_schema_with_its_types(tmp_path):
 def test_the_suites_source_reads_the_same_schema(tmp_path):
     """``dqa validate`` refuses a metrics table by the schema: a missing kernel metric, a verdict of the
     wrong type, a null where the schema allows none; a null primary_reason (a passing sample) is fine."""
-    from dqa.expectations.source import check_metrics_table
+    from dqa.audit.scan_folder import check_metrics_table
 
     schema = metrics_schema.metrics_table_schema()
     good = typed_frame(schema, list(schema), n=8).with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))

@@ -19,7 +19,7 @@ import pytest
 
 from chatdata import sentence, write_parquet
 from peer_conventions import Model, specforge
-from dqa.audit.chat_format import CHATML_TEMPLATE
+from dqa.audit.chat_render import CHATML_TEMPLATE
 from dqa.audit.scan import ScanOptions, run_scan
 
 

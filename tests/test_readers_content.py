@@ -280,7 +280,8 @@ def test_a_truncated_cache_is_unreadable(cli, rows, tmp_path):
 
 @pytest.mark.parametrize("outer", ["list", "large_list", "fixed_size_list"])
 def test_one_by_l_columns_of_every_list_type_read_as_flat_rows(tmp_path, outer):
-    from dqa.audit.readers import flatten_token_lists, nest_token_lists, open_dataset
+    from dqa.audit.readers import open_dataset
+    from dqa.audit.token_columns import flatten_token_lists, nest_token_lists
 
     rows = [([5, 6, 7], [0, 1, 1]), ([8], [1]), ([], [])]
     wrap = {"list": pa.list_, "large_list": pa.large_list, "fixed_size_list": lambda t: pa.list_(t, 1)}[outer]

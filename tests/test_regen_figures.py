@@ -179,9 +179,10 @@ def loaders(monkeypatch):
     fake.AutoTokenizer = types.SimpleNamespace(from_pretrained=spy("AutoTokenizer.from_pretrained"))
     monkeypatch.setitem(sys.modules, "transformers", fake)
     import dqa.audit.template as template
+    import dqa.tokenizer_files as tokenizer_files
 
     monkeypatch.setattr(template, "load_template", spy("load_template"))
-    monkeypatch.setattr(template, "_load_tokenizer", spy("tokenizers.Tokenizer.from_file"))
+    monkeypatch.setattr(tokenizer_files, "load_tokenizer", spy("tokenizers.Tokenizer.from_file"))
     return spy
 
 

@@ -12,8 +12,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dqa.audit import kernels
-from dqa.audit.kernels import NGRAM, _anchor_ngrams, _row_and_turn_repeat_shares, _row_and_turn_repeat_shares_by_two_sorts
+from dqa.audit import repeats
+from dqa.audit.repeats import NGRAM, _anchor_ngrams, _row_and_turn_repeat_shares, _row_and_turn_repeat_shares_by_two_sorts
+from dqa.audit.sequence_hash import splitmix64
 
 
 def _layout(seed: int, n_rows: int, loops: bool):
@@ -39,9 +40,9 @@ def _layout(seed: int, n_rows: int, loops: bool):
 @given(st.integers(0, 2**32 - 1), st.integers(0, 40), st.booleans())
 def test_one_sort_equals_two_sorts(seed, n_rows, loops):
     tokens, lo, hi, t_lo, t_hi, t_row = _layout(seed, n_rows, loops)
-    tables_mix = kernels.splitmix64(np.arange(5000, dtype=np.uint64)) | np.uint64(1)
+    tables_mix = splitmix64(np.arange(5000, dtype=np.uint64)) | np.uint64(1)
     mix = tables_mix[tokens]
-    pos, h = _anchor_ngrams(mix, np.flatnonzero(mix < (np.uint64(1) << kernels.ANCHOR_SHIFT)))
+    pos, h = _anchor_ngrams(mix, np.flatnonzero(mix < (np.uint64(1) << repeats.ANCHOR_SHIFT)))
     one = _row_and_turn_repeat_shares(mix, pos, h, lo, hi, t_lo, t_hi, t_row)
     two = _row_and_turn_repeat_shares_by_two_sorts(mix, pos, h, lo, hi, t_lo, t_hi, t_row)
     assert np.allclose(one[0], two[0]) and np.allclose(one[1], two[1])
@@ -51,9 +52,9 @@ def test_one_sort_equals_two_sorts(seed, n_rows, loops):
 def test_a_loop_inside_one_turn_is_that_turns_and_its_rows():
     loop = np.tile(np.arange(10, 30), 10)  # a 20-token loop, 200 tokens
     tokens = np.r_[np.arange(1000, 1300), loop, np.arange(2000, 2300)]
-    mix = (kernels.splitmix64(np.arange(3000, dtype=np.uint64)) | np.uint64(1))[tokens]
+    mix = (splitmix64(np.arange(3000, dtype=np.uint64)) | np.uint64(1))[tokens]
     every = np.arange(tokens.size - NGRAM + 1)  # every start an anchor: exact shares
-    pos, h = every, kernels._hash_ngrams(mix, every)
+    pos, h = every, repeats._hash_ngrams(mix, every)
     lo, hi = np.array([0]), np.array([tokens.size])
     t_lo, t_hi, t_row = np.array([0, 300, 500]), np.array([300, 500, 800]), np.array([0, 0, 0])
     rows, turns, row_stretch, turn_stretch = _row_and_turn_repeat_shares(mix, pos, h, lo, hi, t_lo, t_hi, t_row)

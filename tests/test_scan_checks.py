@@ -209,7 +209,8 @@ def test_loops_of_every_period_are_measured(seed):
     and random text does not."""
     import numpy as np
 
-    from dqa.audit.kernels import KernelTables, _ngram_repeat_share
+    from dqa.audit.kernels import KernelTables
+    from dqa.audit.repeats import _ngram_repeat_share
     from dqa.audit.template import qwen3_preset
 
     tables = KernelTables.build(qwen3_preset())

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 from build_example import build_example  # noqa: E402
 
+from dqa import tokenizer_files  # noqa: E402
 from dqa.audit import template  # noqa: E402
 from dqa.audit.scan import ScanOptions, run_scan  # noqa: E402
 from dqa.regen.jobs.prompts import ChatTokenizer, chatml_messages, prompt_ends  # noqa: E402
@@ -75,7 +76,7 @@ def test_the_whitespace_characters_are_those_of_str_isspace():
 
 
 def test_the_byte_level_shortcut_finds_the_whitespace_tokens_decoding_everything_finds(tok_folder):
-    tok = template._load_tokenizer(tok_folder)
+    tok = tokenizer_files.load_tokenizer(tok_folder)
     vocab = tok.get_vocab(with_added_tokens=True)
     short = [i for s, i in vocab.items() if len(s) <= 16]
     texts = tok.decode_batch([[i] for i in short], skip_special_tokens=False)
@@ -93,9 +94,9 @@ def test_a_non_byte_level_decoder_decodes_every_entry(tok_folder):
     """Without a byte-level decoder the shortcut is off; the decoded text still decides."""
     from tokenizers import decoders
 
-    tok = template._load_tokenizer(tok_folder)
+    tok = tokenizer_files.load_tokenizer(tok_folder)
     tok.decoder = decoders.Sequence([decoders.ByteLevel()])
-    assert template.whitespace_ids(tok) == template.whitespace_ids(template._load_tokenizer(tok_folder))
+    assert template.whitespace_ids(tok) == template.whitespace_ids(tokenizer_files.load_tokenizer(tok_folder))
 
 
 # --- a folder scans like the preset ---------------------------------------------------------------
@@ -248,7 +249,7 @@ def no_tokenizer_load(monkeypatch):
     def refuse(folder):
         raise RuntimeError(f"tokenizer loaded from {folder}")
 
-    monkeypatch.setattr(template, "_load_tokenizer", refuse)
+    monkeypatch.setattr(tokenizer_files, "load_tokenizer", refuse)
 
 
 @pytest.mark.parametrize("tok", ["folder", "qwen3"])

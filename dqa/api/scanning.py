@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from dqa.audit import scan_folder
 from dqa.errors import UsageError
 
 if TYPE_CHECKING:
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 
     from dqa.audit.scan import ScanOptions
 
-TURNS_FILE = "turns.parquet"  # the scan folder's per-turn table (FORMATS.md)
 
 
 @dataclass
@@ -59,7 +59,7 @@ class ScanResult:
         if self.turns_table is None:
             import polars as pl
 
-            self.turns_table = pl.read_parquet(Path(self.out_dir) / TURNS_FILE)  # type: ignore[arg-type]
+            self.turns_table = pl.read_parquet(Path(self.out_dir) / scan_folder.TURNS_FILE)  # type: ignore[arg-type]
         return self.turns_table
 
     @property
@@ -170,14 +170,14 @@ def check_before_tokenizer(dataset: str | Path, out_dir: Path) -> None:
     """
     from dqa import atomic
     from dqa.audit import identity
-    from dqa.audit.scan import is_scan_folder
+    from dqa.audit.scan_folder import is_scan_folder, read_summary
     from dqa.errors import InputError
 
     if not Path(dataset).exists():
         raise InputError(f"{dataset}: no such file or folder")
     out = Path(out_dir)
     atomic.check_output_dir(out, [Path(dataset)], is_scan_folder, "dqa scan folder")
-    identity.check_scan_folder(out, dataset, identity.read_summary(out) if is_scan_folder(out) else None)
+    identity.check_scan_folder(out, dataset, read_summary(out) if is_scan_folder(out) else None)
 
 
 def _scan_table(table: Any, label: str, out: str | Path | None, opts: "ScanOptions",
@@ -201,7 +201,7 @@ def _scan_table(table: Any, label: str, out: str | Path | None, opts: "ScanOptio
     tmp = Path(tempfile.mkdtemp(prefix="dqa-scan-"))
     try:
         result = run_scan(ds, tmp / "scan", opts, progress=progress)
-        turns = pl.read_parquet(tmp / "scan" / TURNS_FILE)
+        turns = pl.read_parquet(tmp / "scan" / scan_folder.TURNS_FILE)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return ScanResult(result.summary, result.findings, result.metrics, None, result.dropped, turns)

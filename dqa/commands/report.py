@@ -43,7 +43,7 @@ def report(
 @handles_errors
 def _run(scan_dir, regen, validation, after, out, as_json, quiet) -> int:
     from dqa import atomic
-    from dqa.audit.identity import read_summary
+    from dqa.audit.scan_folder import read_summary
     from dqa.errors import UsageError
     from dqa.reports.html import load_inputs, render_report
 

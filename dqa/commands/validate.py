@@ -50,6 +50,8 @@ def validate(
 
 @handles_errors
 def _run(dataset, suite, out, metrics, scan_out, fail_on, max_ids, no_docs, tokenizer, thinking, as_json, quiet) -> int:
+    from dqa.audit.identity import scan_record
+    from dqa.audit.scan_folder import METRICS_FILE
     from dqa.errors import UsageError
     from dqa.expectations.source import obtain_scan
     from dqa.expectations.suites import check_fail_on, load_suite
@@ -65,7 +67,7 @@ def _run(dataset, suite, out, metrics, scan_out, fail_on, max_ids, no_docs, toke
     scan = obtain_scan(dataset or metrics, metrics, scan_out, tokenizer, thinking, progress=scan_progress(quiet or as_json))
     out_dir = out or scan.path / f"validation-{spec.name}"
     v = validate_to_folder(scan.metrics, spec, out_dir, fail_on, max_ids, docs=not no_docs,
-                           source=str(scan.path / "metrics.parquet"), scan=scan.record())
+                           source=str(scan.path / METRICS_FILE), scan=scan_record(scan.path, scan.summary))
     summary = v.summary()
     append_step_summary((Path(out_dir) / "summary.md").read_text(encoding="utf-8"))
     if as_json:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from dqa.audit.scan_folder import findings_file
 from dqa.errors import EXIT_OK, EXIT_QUALITY, InputError, UsageError
 from dqa.repair.budget import RoundPlan, plan_round, regen_figures, cut_rows
 from dqa.repair.work import WorkFolder, default_work_dir
@@ -229,7 +230,7 @@ def _failing(scan_dir: Path) -> tuple[int, dict[str, int]]:
     """(failing rows, {reason: rows}) of a scan folder's findings."""
     import polars as pl
 
-    f = pl.read_parquet(Path(scan_dir) / "findings.parquet", columns=["reasons"])
+    f = pl.read_parquet(findings_file(scan_dir), columns=["reasons"])
     if f.height == 0:
         return 0, {}
     counts = f.explode("reasons").group_by("reasons").len().sort("len", descending=True)
@@ -240,7 +241,7 @@ def _failing_rows(scan_dir: Path) -> list[dict[str, Any]]:
     """The failing rows of a scan folder's findings: ``{row, id, reasons}`` each (id None without one)."""
     import polars as pl
 
-    f = pl.read_parquet(Path(scan_dir) / "findings.parquet")
+    f = pl.read_parquet(findings_file(scan_dir))
     cols = [c for c in ("row", "id", "reasons") if c in f.columns]
     return [{"id": None, **r} for r in f.select(cols).to_dicts()]
 
@@ -285,7 +286,7 @@ def _write_without_failing(src: Path, out: Path, scan_dir: Path) -> None:
 
     from dqa import atomic
 
-    bad = np.sort(pq.read_table(scan_dir / "findings.parquet", columns=["row"]).column("row").to_numpy())
+    bad = np.sort(pq.read_table(findings_file(scan_dir), columns=["row"]).column("row").to_numpy())
     pf = pq.ParquetFile(src)
     with atomic.atomic_path(out) as tmp:
         with pq.ParquetWriter(tmp, pf.schema_arrow) as w:

@@ -124,9 +124,9 @@ class ChatTokenizer:
             if self._load_fast is not None:
                 self._fast = self._load_fast()
             if self._fast is None:
-                from dqa.audit.template import _load_tokenizer
+                from dqa.tokenizer_files import load_tokenizer
 
-                self._fast = _load_tokenizer(self.folder)
+                self._fast = load_tokenizer(self.folder)
         return self._fast
 
     @property

@@ -28,8 +28,9 @@ def findings_for(dataset: str | Path) -> Path:
     dataset's default scan folder (``dqa.audit.scan.default_out_dir``, keyed by identity, so a
     same-named other dataset's findings are never picked)."""
     from dqa.audit.identity import default_scan_dir  # what default_out_dir returns, without importing the scan (polars)
+    from dqa.audit.scan_folder import FINDINGS_FILE
 
-    return default_scan_dir(dataset) / "findings.parquet"
+    return default_scan_dir(dataset) / FINDINGS_FILE
 
 
 def check_findings_for(findings: Path, dataset) -> None:
@@ -43,10 +44,10 @@ def check_findings_for(findings: Path, dataset) -> None:
     findings, both datasets and the fix (rescan).
     """
     from dqa.audit import identity
+    from dqa.audit.scan_folder import findings_file, read_summary, scan_folder_of
 
-    folder = findings if findings.is_dir() else findings.parent
-    file = folder / "findings.parquet" if findings.is_dir() else findings
-    summary = identity.read_summary(folder)
+    folder, file = scan_folder_of(findings), findings_file(findings)
+    summary = read_summary(folder)
     if summary is not None and (identity.same_dataset(summary, dataset.path) is not None or identity.recorded_files(summary)):
         identity.check_scan_of(folder, summary, dataset.path, "findings", "--findings DIR")
         return
@@ -104,9 +105,9 @@ def read_findings(path: Path, reasons: list[str] | None) -> np.ndarray:
     import pyarrow.parquet as pq
 
     from dqa.audit.checks import CHECK_NAMES
+    from dqa.audit.scan_folder import findings_file
 
-    if path.is_dir():
-        path = path / "findings.parquet"
+    path = findings_file(path)
     if not path.is_file():
         raise InputError(f"{path}: no findings file; run `dqa scan DATASET` first, or pass --findings DIR, or --all")
     try:
@@ -192,9 +193,10 @@ def read_first_turns(path: Path, rows: np.ndarray) -> np.ndarray:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from dqa.audit.scan_folder import findings_file
+
     out = np.full(rows.size, -1, dtype=np.int64)
-    if path.is_dir():
-        path = path / "findings.parquet"
+    path = findings_file(path)
     try:
         if "turns" not in pq.read_schema(path).names:
             return out

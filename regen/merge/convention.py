@@ -150,8 +150,9 @@ def run_convention(regen: list[Path], ds: Any) -> tuple[Any, Convention | None]:
         raise InputError(f"--regen {regen[0]}: the run's tokenizer {tokenizer} cannot be loaded ({exc}); merge masks the "
                          "regenerated samples with its chat format") from None
     if findings:
-        folder = Path(findings) if Path(findings).is_dir() else Path(findings).parent
-        summary = folder / "summary.json"
+        from dqa.audit.scan_folder import SUMMARY_FILE, scan_folder_of
+
+        summary = scan_folder_of(findings) / SUMMARY_FILE
         try:
             conv = json.loads(summary.read_text()).get("conventions")
         except (OSError, ValueError, AttributeError):
@@ -165,7 +166,7 @@ def _detect_conventions(ds: Any, fmt: Any, rows: int = 4096) -> dict[str, Any]:
     """``detect_conventions`` over the input's first ``rows`` rows."""
     import polars as pl
 
-    from dqa.audit.chat_format import detect_conventions
+    from dqa.audit.conventions import detect_conventions
     from dqa.audit.kernels import KernelTables, batch_metrics
 
     try:

@@ -101,7 +101,7 @@ def merge_conversations(ds: Any, regen: list[Path], out: Path, index: RegenIndex
     raises ``InputError`` when run.json names no loadable tokenizer, or a line's id or kept tokens
     differ from the run's, and as ``merge`` describes."""
     from dqa import atomic
-    from dqa.audit.format_conversations import LIST_KEYS, SHAREGPT_ROLES
+    from dqa.audit.formats.conversations import LIST_KEYS, SHAREGPT_ROLES
     from dqa.audit.template import load_template
     from dqa.audit.writers import output_is_folder
     from dqa.errors import DqaError
@@ -118,7 +118,7 @@ def merge_conversations(ds: Any, regen: list[Path], out: Path, index: RegenIndex
         raise InputError(f"--regen {regen[0]}: the run's tokenizer {tokenizer} has no tokenizer files to decode the replies with")
     replace = index.rows[index.status != _FAILED]
     outputs, kept = _turn_outputs(index, replace)
-    from dqa.audit.format_conversations import Renderer
+    from dqa.audit.formats.conversations import Renderer
 
     renderer = Renderer(fmt)
     summary = MergeSummary(dataset=str(ds.path), regen=[str(d) for d in regen], output=str(out), report=str(report_path(out)),

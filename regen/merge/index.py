@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dqa.audit.readers import _is_int_list
+from dqa.audit.token_columns import is_int_list
 from dqa.errors import InputError, RuntimeFailure
 from dqa.regen.merge.columns import as_strings
 from dqa.regen.merge.options import DEFAULT_ACCEPT
@@ -191,9 +191,9 @@ def load_regen_index(dirs: Iterable[Path], accept: Iterable[str] = DEFAULT_ACCEP
                 st = pf.schema_arrow
                 if not pa.types.is_integer(st.field("row").type):
                     raise InputError(f"{p}: column 'row' must be integers, found {st.field('row').type}")
-                if not _is_int_list(st.field("input_ids").type):
+                if not is_int_list(st.field("input_ids").type):
                     raise InputError(f"{p}: column 'input_ids' must be a list of integers, found {st.field('input_ids').type}")
-                if not _is_int_list(st.field("loss_mask").type, allow_bool=True):
+                if not is_int_list(st.field("loss_mask").type, allow_bool=True):
                     raise InputError(f"{p}: column 'loss_mask' must be a list of 0/1, found {st.field('loss_mask').type}")
                 cols = ["row", "status"] + [c for c in ("id", "error", "turn", "turns") if c in names]
                 t = pf.read(columns=cols)

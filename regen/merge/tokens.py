@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from dqa.arrays import ranks as _ranks
 from dqa.audit import formats
-from dqa.audit.readers import IGNORE_INDEX, flatten_token_lists, is_nested_list, nest_token_lists
+from dqa.audit.token_columns import IGNORE_INDEX, flatten_token_lists, is_nested_list, nest_token_lists
 from dqa.errors import InputError
 from dqa.regen.merge.columns import as_strings, cast_to
 from dqa.regen.merge.convention import Convention, rebuild_in_convention, run_convention

@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dqa.audit.scan_folder import METRICS_FILE, SUMMARY_FILE, findings_file
 from dqa.errors import InputError, UsageError
 from dqa.regen.config import DEFAULT_TURNS, TURN_MODES
-
 
 
 def count_findings(path: str | Path) -> int:
@@ -27,8 +27,7 @@ def count_findings(path: str | Path) -> int:
     scan folder). Raises ``InputError`` when it is missing or lacks the ``row`` column."""
     import pyarrow.parquet as pq
 
-    path = Path(path)
-    file = path / "findings.parquet" if path.is_dir() else path
+    file = findings_file(path)
     if not file.is_file():
         raise InputError(f"{file}: no findings.parquet (run `dqa scan` first, or pass --samples)")
     try:
@@ -38,11 +37,6 @@ def count_findings(path: str | Path) -> int:
     if "row" not in pf.schema_arrow.names:
         raise InputError(f"{file}: column 'row' missing; expected a dqa scan findings.parquet (row, id, reasons)")
     return int(pf.metadata.num_rows)
-
-
-def _findings_file(path: str | Path) -> Path:
-    path = Path(path)
-    return path / "findings.parquet" if path.is_dir() else path
 
 
 @dataclass(frozen=True)
@@ -87,7 +81,7 @@ def count_turns(path: str | Path, mode: str = DEFAULT_TURNS) -> TurnCounts | Non
 
     if mode not in TURN_MODES:
         raise UsageError(f"--turns {mode!r}: expected one of {', '.join(TURN_MODES)}")
-    file = _findings_file(path)
+    file = findings_file(path)
     try:
         if "turns" not in pq.ParquetFile(file).schema_arrow.names:
             return None
@@ -100,7 +94,7 @@ def count_turns(path: str | Path, mode: str = DEFAULT_TURNS) -> TurnCounts | Non
         pl.col("turns").list.len().cast(pl.Int64).alias("n"),
     )
     flagged_turns = int(per["n"].sum() or 0)
-    metrics_file = file.parent / "metrics.parquet"
+    metrics_file = file.parent / METRICS_FILE
     flagged = all_turns = last = multi = None
     if metrics_file.is_file():
         try:
@@ -135,8 +129,8 @@ def scan_tokens(findings: str | Path) -> tuple[int, int] | None:
 
     import polars as pl
 
-    file = _findings_file(findings)
-    summary_file, metrics_file = file.parent / "summary.json", file.parent / "metrics.parquet"
+    file = findings_file(findings)
+    summary_file, metrics_file = file.parent / SUMMARY_FILE, file.parent / METRICS_FILE
     if not (summary_file.is_file() and metrics_file.is_file()):
         return None
     try:

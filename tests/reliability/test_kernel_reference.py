@@ -33,8 +33,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dqa.audit.chat_format import ChatFormat
-from dqa.audit.kernels import (EXACT_MIN_POSITIONS, GAP_EXACT, NGRAM, SAMPLE_RATE, TURN_COLUMNS, KernelTables,
-                               batch_metrics_and_turns)
+from dqa.audit.kernels import TURN_COLUMNS, KernelTables, batch_metrics_and_turns
+from dqa.audit.repeats import EXACT_MIN_POSITIONS, GAP_EXACT, NGRAM, SAMPLE_RATE
 from dqa.audit.readers import open_dataset
 from dqa.audit.template import qwen3_preset
 
@@ -511,18 +511,18 @@ def test_a_loop_in_one_turn_without_anchor_tokens_is_measured_exactly():
 def test_the_row_and_turn_repeat_shares_from_one_sort_equal_those_of_two(case):
     """Rows' and turns' repeated 8-grams are counted in one sort where their indices fit beside the
     hash bits, else in two: both ways give the reference's shares."""
-    from dqa.audit import kernels
+    from dqa.audit import repeats
 
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "set.parquet"
         write(case, path)
         one, _ = kernel_metrics(path, case["batch_rows"], case["max_tokens"])
-        saved = kernels.KEY_INDEX_BITS
-        kernels.KEY_INDEX_BITS = 0  # no index fits: two sorts
+        saved = repeats.KEY_INDEX_BITS
+        repeats.KEY_INDEX_BITS = 0  # no index fits: two sorts
         try:
             two, _ = kernel_metrics(path, case["batch_rows"], case["max_tokens"])
         finally:
-            kernels.KEY_INDEX_BITS = saved
+            repeats.KEY_INDEX_BITS = saved
     check_against_reference(case, two)
     for col in ("ngram_repeat_share", "turn.ngram_repeat_share", "loop_tokens", "turn.loop_tokens"):
         assert np.array_equal(one[col], two[col]), col

@@ -37,7 +37,7 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
-from dqa.audit.formats import FileFormat
+from dqa.audit.formats.base import FileFormat
 from dqa.errors import InputError
 
 _BOM = b"\xef\xbb\xbf"
@@ -93,7 +93,7 @@ class Renderer:
     """Renders and masks conversations with one chat format (see the module docstring)."""
 
     def __init__(self, fmt, last_turn_only: bool = False):
-        from dqa.audit.chat_format import read_chat_template, special_tokens
+        from dqa.audit.chat_render import read_chat_template, special_tokens
 
         folder = fmt.tokenizer_dir
         if folder is None:
@@ -173,7 +173,7 @@ class Renderer:
     def render(self, messages: list[dict], f: Path, line: int) -> str:
         import jinja2
 
-        from dqa.audit.chat_format import render_chat
+        from dqa.audit.chat_render import render_chat
 
         try:
             return render_chat(self.template, messages, special=self.special, enable_thinking=True)
@@ -228,7 +228,7 @@ def _renders_role(template: str, special: tuple, role: str) -> bool:
     """Whether ``template`` renders a message of ``role`` (its text shows up) first or after a user/assistant exchange."""
     import jinja2
 
-    from dqa.audit.chat_format import render_chat
+    from dqa.audit.chat_render import render_chat
 
     probe = "Zulu role probe text"
     user, asst = {"role": "user", "content": "Alpha user question"}, {"role": "assistant", "content": "Bravo assistant answer"}

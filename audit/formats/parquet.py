@@ -7,7 +7,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from dqa.audit.formats import FileFormat
+from dqa.audit.formats.base import FileFormat
 
 MAGIC = b"PAR1"
 

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from dqa.audit.formats import FileFormat, select, split
+from dqa.audit.formats.base import FileFormat, select, split
 
 FILE_MAGIC = b"ARROW1"
 CONTINUATION = b"\xff\xff\xff\xff"

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from dqa.audit.formats import FileFormat, select, short, split
+from dqa.audit.formats.base import FileFormat, select, short, split
 from dqa.errors import InputError
 
 _BLANK = b" \t\r\n"

@@ -1,9 +1,10 @@
-"""Dataset file formats: a small registry, one module per format.
+"""Dataset file formats: the registry and ``detect_file``; one module per format.
 
-Each format (``format_parquet``, ``format_arrow``, ``format_jsonl``) is a ``FileFormat``: its
-name (the ``format`` that summaries record), its suffix family and suffixes, how to recognise a
-file by its first and last bytes (``sniff``), its stored schema, its record batches, its row
-count where the format records it, and a sink that writes it.
+Each format (the modules ``parquet``, ``arrow``, ``jsonl``, ``conversations`` of this package)
+is a ``FileFormat`` (``base``): its name (the ``format`` that summaries record), its suffix
+family and suffixes, how to recognise a file by its first and last bytes (``sniff``), its
+stored schema, its record batches, its row count where the format records it, and a sink that
+writes it. ``FORMATS`` registers them, one line each.
 
 A file is recognised by its content, whatever its name (``detect_file``):
 
@@ -15,19 +16,20 @@ A file is recognised by its content, whatever its name (``detect_file``):
 - JSONL: by its suffix (``.jsonl``, ``.ndjson``, ``.json``) or, for other names, a first
   non-blank character ``{``; a JSONL file whose first record holds a ``conversations`` or
   ``messages`` list of message objects and no ``input_ids`` is conversation JSONL
-  (``format_conversations``: rendered with the chat template and masked at read time).
+  (``conversations``: rendered with the chat template and masked at read time).
 
 Anything else is an ``InputError`` naming the file and what was expected.
 """
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
-from typing import Iterator, Protocol
 
-import pyarrow as pa
-
+from dqa.audit.formats.arrow import ARROW_FILE, ARROW_STREAM, HF
+from dqa.audit.formats.base import FileFormat
+from dqa.audit.formats.conversations import CONVERSATIONS, is_conversation_file
+from dqa.audit.formats.jsonl import JSONL
+from dqa.audit.formats.parquet import PARQUET
 from dqa.errors import InputError
 
 HEAD_BYTES = 4096  # enough to see past leading blank lines of a JSONL file
@@ -37,86 +39,21 @@ EXPECTED = (
 )
 
 
-class Sink(Protocol):
-    """An open output file of one format: ``write`` record batches, then ``close``."""
-
-    def write(self, batch: pa.RecordBatch) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class FileFormat:
-    """One on-disk format. Subclasses (one per module) fill in the class attributes and methods."""
-
-    name: str = ""  # recorded in summaries: parquet, arrow-file, arrow-stream, jsonl (hf: a folder of arrow-stream)
-    family: str = ""  # the suffix family an output file of this format is named with: parquet, arrow, jsonl
-    suffixes: tuple[str, ...] = ()
-    label: str = ""  # for messages: "parquet", "an Arrow IPC file", ...
-    typed: bool = True  # stores an Arrow schema (False for JSONL: types are inferred from the rows)
-    row_groups: bool = False  # rows can be read by row group (parquet), located from the footer
-
-    def sniff(self, head: bytes, tail: bytes) -> bool:
-        """Whether a file starting with ``head`` and ending with ``tail`` is of this format."""
-        return False
-
-    def schema(self, f: Path) -> pa.Schema | None:
-        """The stored schema of ``f`` (with its metadata); None when the format stores none."""
-        raise NotImplementedError
-
-    def batches(self, f: Path, batch_rows: int, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
-        """Record batches of ``f`` in file order, at most ``batch_rows`` rows each, with ``columns`` (all when None)."""
-        raise NotImplementedError
-
-    def num_rows(self, f: Path) -> int | None:
-        """Rows of ``f`` when the format records them cheaply; None otherwise."""
-        return None
-
-    def sink(self, path: Path, schema: pa.Schema | None, compression: str | None = None) -> Sink:
-        """Open ``path`` for writing record batches of ``schema`` in this format."""
-        raise NotImplementedError
-
-    def __repr__(self) -> str:
-        return f"<format {self.name}>"
-
-
-def select(rb: pa.RecordBatch, columns: list[str] | None) -> pa.RecordBatch:
-    return rb if columns is None else rb.select(columns)
-
-
-def split(rb: pa.RecordBatch, batch_rows: int) -> Iterator[pa.RecordBatch]:
-    """``rb`` in consecutive slices of at most ``batch_rows`` rows (zero-copy)."""
-    for start in range(0, rb.num_rows, batch_rows):
-        yield rb.slice(start, batch_rows)
-
-
-def short(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200]
-
-
-# --- the registry ------------------------------------------------------------------------------
-
-
-@functools.cache
-def _registry() -> dict[str, FileFormat]:
-    from dqa.audit.format_arrow import ARROW_FILE, ARROW_STREAM, HF
-    from dqa.audit.format_conversations import CONVERSATIONS
-    from dqa.audit.format_jsonl import JSONL
-    from dqa.audit.format_parquet import PARQUET
-
-    return {f.name: f for f in (PARQUET, ARROW_FILE, ARROW_STREAM, HF, JSONL, CONVERSATIONS)}
+# One line per format; the order is the order a folder's families are preferred in.
+FORMATS: dict[str, FileFormat] = {f.name: f for f in (PARQUET, ARROW_FILE, ARROW_STREAM, HF, JSONL, CONVERSATIONS)}
 
 
 def get(name: str) -> FileFormat:
     """The format recorded as ``name`` (``parquet``, ``arrow-file``, ``arrow-stream``, ``hf``, ``jsonl``, ``conversations``)."""
     try:
-        return _registry()[name]
+        return FORMATS[name]
     except KeyError:
-        raise InputError(f"unknown dataset format {name!r} (known: {', '.join(_registry())})") from None
+        raise InputError(f"unknown dataset format {name!r} (known: {', '.join(FORMATS)})") from None
 
 
 def all_formats() -> list[FileFormat]:
     """The file formats, in the order a folder's families are preferred (parquet, Arrow, JSONL); no ``hf``."""
-    return [f for f in _registry().values() if f.name != "hf"]
+    return [f for f in FORMATS.values() if f.name != "hf"]
 
 
 def by_magic() -> list[FileFormat]:
@@ -189,6 +126,4 @@ def detect_file(path: Path) -> FileFormat:
 
 def _jsonl_kind(path: Path, size: int) -> FileFormat:
     """Tokenized JSONL, or conversation JSONL when the first record is a conversation (see the module docstring)."""
-    from dqa.audit.format_conversations import is_conversation_file
-
     return get("conversations") if size and is_conversation_file(path) else get("jsonl")
