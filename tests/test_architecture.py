@@ -45,8 +45,6 @@ def _modules() -> dict[str, Path]:
 
 MODULES = _modules()
 
-# TEMPORARY while issue 21 lands room by room; removed when the last room is in.
-pytestmark = pytest.mark.xfail(reason="issue 21 in progress", strict=False)
 
 
 def _package_of(module: str) -> str:
