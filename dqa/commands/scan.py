@@ -57,6 +57,7 @@ def scan(
     set_: List[str] = typer.Option([], "--set", help="Override a threshold: CHECK.PARAM=VALUE (repeatable)."),
     max_fail_share: float = typer.Option(0.0, help="Exit 1 when the failing share exceeds this (0..1)."),
     batch_rows: int = typer.Option(2048, help="Rows per streamed batch (memory is bounded by the batch)."),
+    workers: int = typer.Option(1, "--workers", "-j", help="Processes that scan parquet row groups or files in parallel (findings are the same for every N; formats that cannot be cut without reading them, JSONL and Arrow streams, use one)."),
     last_turn_only: bool = typer.Option(False, "--last-turn-only", help="Conversation JSONL: train only the last assistant turn (SpecForge's train_only_last_turn; default: every assistant turn)."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout instead of the table."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table, no progress; exit code only."),
@@ -76,13 +77,13 @@ def scan(
         _list_checks()
         raise typer.Exit(EXIT_OK)
     code = _run(dataset, tokenizer, out, ids_column, mask_column, labels_column, id_column, thinking, checks, skip,
-                config, set_, max_fail_share, batch_rows, as_json, quiet, last_turn_only)
+                config, set_, max_fail_share, batch_rows, as_json, quiet, last_turn_only, workers)
     raise typer.Exit(code)
 
 
 @handles_errors
 def _run(dataset, tokenizer, out, ids_column, mask_column, labels_column, id_column, thinking, checks, skip, config,
-         set_, max_fail_share, batch_rows, as_json, quiet, last_turn_only=False) -> int:
+         set_, max_fail_share, batch_rows, as_json, quiet, last_turn_only=False, workers=1) -> int:
     from dqa import api
     from dqa.errors import UsageError
 
@@ -95,7 +96,7 @@ def _run(dataset, tokenizer, out, ids_column, mask_column, labels_column, id_col
         result = api.scan(dataset, tokenizer, out=out, checks=checks, skip=skip, config=config, thresholds=set_,
                           progress=update, on_start=on_start, ids_column=ids_column, mask_column=mask_column,
                           labels_column=labels_column, id_column=id_column, thinking=thinking, batch_rows=batch_rows,
-                          last_turn_only=last_turn_only)
+                          last_turn_only=last_turn_only, workers=workers)
     summary = result.summary
     if result.dropped and not quiet:
         _note_dropped(result.out_dir, result.dropped)
