@@ -7,7 +7,10 @@ One run, four contestants, each in its own process so that peak RSS is its own:
   opens the file with pyarrow's defaults.
 - floor-mmap: the same read with the file memory-mapped, as dqa reads it (~20% less CPU on a
   cached file): the stricter floor, printed beside the other.
-- dqa: ``run_scan`` with every check, writing the full scan folder.
+- dqa: ``run_scan`` with every check, writing the full scan folder, one process (``--workers 1``).
+- dqa-1core: the same pinned to one core (``taskset -c 0``): issue 22's "its own one-core time".
+- dqa-workers: ``--workers`` = this machine's cores (``os.cpu_count()``); its peak RSS is the sum
+  over its process tree (the pool's workers included), sampled every 20 ms.
 - loop: what a typical preprocessing script does: iterate rows as Python lists, sum the
   mask, decode the supervised tokens with the tokenizer and count identical texts. It runs on
   a prefix of the set (``--loop-rows``) because it is slow; it is compared by tokens/s.
@@ -159,13 +162,13 @@ def run_floor(data: Path, memory_map: bool = False) -> dict:
     return {"tokens": tokens, "supervised": supervised}
 
 
-def run_dqa(data: Path) -> dict:
+def run_dqa(data: Path, workers: int = 1) -> dict:
     import tempfile
 
-    from dqa.audit.scan import run_scan
+    from dqa.audit.scan import ScanOptions, run_scan
 
     with tempfile.TemporaryDirectory() as out:
-        result = run_scan(data, Path(out) / "scan")
+        result = run_scan(data, Path(out) / "scan", ScanOptions(workers=workers))
         return {"tokens": result.summary["tokens"], "failing_rows": result.summary["failing_rows"],
                 "rows": result.summary["rows"], "turns": result.summary["turns"]}
 
@@ -196,20 +199,55 @@ def run_loop(data: Path, rows: int) -> dict:
 def _child(kind: str, data: Path, loop_rows: int) -> None:
     t0 = time.perf_counter()
     out = {"floor": lambda: run_floor(data), "floor-mmap": lambda: run_floor(data, memory_map=True), "dqa": lambda: run_dqa(data),
+           "dqa-1core": lambda: run_dqa(data), "dqa-workers": lambda: run_dqa(data, os.cpu_count() or 1),
            "loop": lambda: run_loop(data, loop_rows)}[kind]()
     out["wall_s"] = time.perf_counter() - t0
     print(json.dumps(out))
 
 
+def _tree_rss_mib(pid: int) -> float:
+    """The resident memory of ``pid`` and its descendants, MiB (0 once it is gone)."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        procs = [p, *p.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0
+    for q in procs:
+        try:
+            total += q.memory_info().rss
+        except psutil.Error:
+            pass
+    return total / 2**20
+
+
 def _measure(kind: str, data: Path, loop_rows: int) -> dict:
-    proc = subprocess.Popen([sys.executable, __file__, "--child", kind, "--data", str(data), "--loop-rows", str(loop_rows)],
-                            stdout=subprocess.PIPE, text=True)
+    import threading
+
+    cmd = [sys.executable, __file__, "--child", kind, "--data", str(data), "--loop-rows", str(loop_rows)]
+    if kind == "dqa-1core":
+        cmd = ["taskset", "-c", "0", *cmd]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    tree_peak = [0.0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.02):
+            tree_peak[0] = max(tree_peak[0], _tree_rss_mib(proc.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     _, status, usage = os.wait4(proc.pid, 0)
+    done.set()
+    sampler.join()
     out = proc.stdout.read()  # type: ignore[union-attr]
     if status != 0:
         raise SystemExit(f"{kind} failed with status {status}")
     result = json.loads(out.strip().splitlines()[-1])
     result["peak_rss_mib"] = usage.ru_maxrss / 1024
+    result["tree_peak_rss_mib"] = tree_peak[0]
     result["cpu_s"] = usage.ru_utime + usage.ru_stime
     result["tok_per_s"] = result["tokens"] / result["wall_s"]
     return result
@@ -221,7 +259,7 @@ def main() -> None:
     ap.add_argument("--turns", type=int, choices=[1, 3], default=1, help="1: today's single-turn set; 3: the multi-turn set")
     ap.add_argument("--data", type=Path, default=None, help="the set's cache file (default bench/data/scan.parquet, or scan-turns3.parquet)")
     ap.add_argument("--loop-rows", type=int, default=4000)
-    ap.add_argument("--child", choices=["floor", "floor-mmap", "dqa", "loop"])
+    ap.add_argument("--child", choices=["floor", "floor-mmap", "dqa", "dqa-1core", "dqa-workers", "loop"])
     args = ap.parse_args()
     if args.data is None:
         args.data = Path(__file__).parent / "data" / ("scan.parquet" if args.turns == 1 else f"scan-turns{args.turns}.parquet")
@@ -229,13 +267,14 @@ def main() -> None:
         _child(args.child, args.data, args.loop_rows)
         return
     data = make_dataset(args.data, args.tokens, turns=args.turns)
-    results = {k: _measure(k, data, args.loop_rows) for k in ("floor", "floor-mmap", "dqa", "loop")}
+    results = {k: _measure(k, data, args.loop_rows) for k in ("floor", "floor-mmap", "dqa", "dqa-1core", "dqa-workers", "loop")}
     d = results["dqa"]
     print(f"dataset: {data.name}, {results['floor']['tokens'] / 1e6:,.1f}M tokens, {d['rows']:,} samples, "
           f"{d['turns']:,} trained turns ({d['turns'] / d['rows']:.2f} per sample), {d['failing_rows']:,} failing samples")
-    print(f"{'contestant':<11} {'tokens':>11} {'wall s':>9} {'CPU s':>8} {'Mtok/s':>9} {'peak RSS MiB':>13}")
+    print(f"{'contestant':<12} {'tokens':>11} {'wall s':>9} {'CPU s':>8} {'Mtok/s':>9} {'peak RSS MiB':>13} {'tree RSS MiB':>13}")
     for k, r in results.items():
-        print(f"{k:<11} {r['tokens']:>11,} {r['wall_s']:>9.2f} {r['cpu_s']:>8.2f} {r['tok_per_s'] / 1e6:>9.2f} {r['peak_rss_mib']:>13.0f}")
+        print(f"{k:<12} {r['tokens']:>11,} {r['wall_s']:>9.2f} {r['cpu_s']:>8.2f} {r['tok_per_s'] / 1e6:>9.2f} {r['peak_rss_mib']:>13.0f}"
+              f" {r['tree_peak_rss_mib']:>13.0f}")
     f, d, lo = results["floor"], results["dqa"], results["loop"]
     cpu_rate = {k: r["tokens"] / r["cpu_s"] for k, r in results.items()}
     print(f"dqa time / floor time: {d['wall_s'] / f['wall_s']:.2f}x wall, {d['cpu_s'] / f['cpu_s']:.2f}x CPU (goal <= 2.5x)")
@@ -247,6 +286,10 @@ def main() -> None:
         f"(goal >= 10x; loop measured on {lo['rows']:,} rows)"
     )
     print(f"dqa peak RSS: {d['peak_rss_mib']:.0f} MiB (goal < 2048)")
+    one, w = results["dqa-1core"], results["dqa-workers"]
+    print(f"dqa --workers {os.cpu_count()}: {one['wall_s'] / w['wall_s']:.2f}x its own one-core time (goal >= 1.8x); "
+          f"{w['wall_s'] / f['wall_s']:.2f}x the floor's wall, {w['wall_s'] / fm['wall_s']:.2f}x the memory-mapped floor's (goal <= 1.25x); "
+          f"peak RSS of its processes {w['tree_peak_rss_mib']:.0f} MiB (goal <= 2048); load {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
