@@ -6,7 +6,8 @@ samples, merges them into a new set and rescans it. Each later round regenerates
 still fail in the last merged set, from the same prompts with new seeds (``seed_base`` + round - 1);
 when rows were cut by the length limit, ``max_new_tokens`` doubles, up to what the servers'
 context allows (a row that cannot fit is reported as such). The loop stops when nothing fails,
-after ``rounds`` rounds, when a round fixed nothing, or before a round the budget cannot pay
+after ``rounds`` rounds, when a round fixed nothing (unless the next one gets a larger
+``max_new_tokens``), or before a round the budget cannot pay
 for. Then NEW is written (the last merged set; ``failed="drop"`` leaves out the rows still
 failing) and gated. Every step calls the steps' Python API (``dqa.scan``, ``dqa.regenerate``,
 ``dqa.merge``, ``dqa.gate``), never the CLI.
@@ -141,7 +142,7 @@ def repair(dataset: str | Path, out: str | Path, options: RepairOptions, *, work
             stop = "clean"
             _drop_round(wf, k)
             break
-        if figures is not None and figures.no_progress:
+        if figures is not None and figures.no_progress and not any(c.get("option") == "max_new_tokens" for c in rec.get("changes") or ()):
             stop = "no progress"
             _drop_round(wf, k)
             break

@@ -154,11 +154,13 @@ def cut_rows(regen_dir: Path) -> tuple[int, int, int | None]:
 
 
 def _cut_and_full(regen_dir: Path) -> tuple[int, list[int], int | None]:
-    """(samples cut by the length limit, the dataset rows of those that fill the context, the context or None)."""
+    """(samples cut by the length limit, the dataset rows of those whose prompt + output reached the
+    most any of the run's servers accepts (``ServerFacts.output_cap``: the context less the
+    speculative reserve, one less where equal is over), the context or None)."""
     import pyarrow.compute as pc
     import pyarrow.dataset as pads
 
-    context, reserve = _context(regen_dir)
+    context, limit = _context(regen_dir)
     shards = sorted((regen_dir / "shards").glob("*.parquet"))
     if not shards:
         return 0, [], context
@@ -166,8 +168,8 @@ def _cut_and_full(regen_dir: Path) -> tuple[int, list[int], int | None]:
     cut = t.filter(pc.equal(t.column("status"), "length"))
     if context is None or cut.num_rows == 0:
         return cut.num_rows, [], context
-    used = pc.add(pc.add(cut.column("prompt_len"), cut.column("output_tokens")), reserve)
-    full = cut.filter(pc.greater_equal(used, context)).column("row")
+    used = pc.add(cut.column("prompt_len"), cut.column("output_tokens"))
+    full = cut.filter(pc.greater_equal(used, limit)).column("row")
     return cut.num_rows, sorted(int(r) for r in pc.unique(full).to_pylist()), context
 
 
@@ -179,12 +181,17 @@ def regen_figures(rec: dict[str, Any], regen_dir: Path, selected: int) -> RegenF
 
 
 def _context(regen_dir: Path) -> tuple[int | None, int]:
-    """(the smallest context length the run's servers reported, or None; their largest speculative reserve)."""
+    """(the smallest context length the run's servers reported, or None; the least prompt + output
+    tokens that any of them accepts at most, ``ServerFacts.output_cap`` of an empty prompt)."""
+    from dqa.regen.servers.facts import ServerFacts
+
     try:
         servers = json.loads((regen_dir / "run.json").read_text()).get("servers") or {}
     except (OSError, ValueError):
         return None, 0
-    facts = [f for f in servers.values() if isinstance(f, dict)]
-    lengths = [int(f["context_length"]) for f in facts if f.get("context_length")]
-    reserve = max([int(f.get("speculative_reserve") or 0) for f in facts] or [0])
-    return (min(lengths) if lengths else None), reserve
+    facts = [ServerFacts(kind=str(f.get("server") or "unknown"), version=f.get("version"), context_length=int(f["context_length"]),
+                         reserve=int(f.get("speculative_reserve") or 0))
+             for f in servers.values() if isinstance(f, dict) and f.get("context_length")]
+    if not facts:
+        return None, 0
+    return min(f.context_length for f in facts), min(int(f.output_cap(0)) for f in facts)
