@@ -89,7 +89,7 @@ def test_round_1_is_not_started_when_the_plans_calibration_says_it_would_exceed_
         scan = dqa(tmp_path, "scan", small_set, "-t", "qwen3.6", "--out", tmp_path / "scan", ok=(1,))
         assert scan.returncode == 1
         plan = dqa(tmp_path, "plan", "--findings", tmp_path / "scan", "--calibrate", "--dataset", small_set, "-e", cal_server.url,
-                   "--sample", "16", "-t", "qwen3.6", "--max-new-tokens", "512", "--calibrate-out", tmp_path / "cal", "--json")
+                   "--sample", "16", "--tokenizer", "qwen3.6", "--max-new-tokens", "512", "--calibrate-out", tmp_path / "cal", "--json")
     (tmp_path / "plan.json").write_text(plan.stdout)
     cal = json.loads(plan.stdout)["calibration"]
     work, out = tmp_path / "work", tmp_path / "v2.parquet"

@@ -41,7 +41,7 @@ def plan(
         None, "--calibrate-out", help="With --calibrate: keep the regen output folder here (default: a temporary folder, removed)."
     ),
     tokenizer: Optional[str] = typer.Option(
-        None, "--tokenizer", "-t", help="With --calibrate: tokenizer folder or preset (qwen3, qwen3.6) the dataset is read with, as for `dqa regen`. \\[default: qwen3]"
+        None, "--tokenizer", help="With --calibrate: tokenizer folder or preset (qwen3, qwen3.6) the dataset is read with, as for `dqa regen`. \\[default: qwen3]"
     ),
     protocol: Optional[str] = typer.Option(
         None, "--protocol", help="With --calibrate and --endpoint: sglang (default) or openai (e.g. transformers serve)."
