@@ -296,3 +296,20 @@ def test_a_multi_turn_set_repairs_in_its_own_convention(convention, tmp_path, mt
     assert pq.read_schema(out).names == pq.read_schema(src).names + ["dqa_regen"]
     assert turn_masks(out) == turn_masks(src)  # every assistant turn trained; the ends of turn as the input had them
     assert pq.read_table(out).column("input_ids").to_pylist() != pq.read_table(src).column("input_ids").to_pylist()
+
+
+def test_a_calibrated_round_1_is_priced_at_the_fleet_files_gpus(tmp_path):
+    """Round 1 from a calibration: rows x its mean output tokens, at its tok/s, at the fleet file's GPUs
+    (a TP-2 server counts two) x the GPU-hour price; refused when that is more than the budget."""
+    from dqa.regen.fleet.file import Endpoint, Fleet, write_fleet
+    from dqa.repair.budget import plan_round
+
+    fleet = write_fleet(tmp_path / "fleet.json", Fleet(engine="sglang", protocol="sglang", model="m",
+                                                      endpoints=[Endpoint(url="http://a:1", gpu="0,1"), Endpoint(url="http://b:1", gpu="2")]))
+    cal = {"mean_output_tokens": 100.0, "output_tok_per_s": 50.0}
+    plan = plan_round(10, [], {"fleet": str(fleet), "gpu_hour_cost": 3600.0}, 61.0, 0.0, max_new_tokens=512, calibration=cal)
+    assert (plan.basis, plan.tokens, plan.seconds, plan.cost_usd) == ("calibration", 1000.0, 20.0, 60.0)  # 3 GPUs x $1/s x 20 s
+    assert not plan.over_budget
+    assert plan_round(10, [], {"fleet": str(fleet), "gpu_hour_cost": 3600.0}, 59.0, 0.0, calibration=cal).over_budget
+    bound = plan_round(10, [], {"fleet": str(fleet), "gpu_hour_cost": 3600.0}, 1.0, 0.0, max_new_tokens=512)
+    assert (bound.basis, bound.tokens, bound.cost_usd, bound.over_budget) == ("max_new_tokens", 5120, None, False)

@@ -55,7 +55,7 @@ class RoundPlan:
         speed = "the fleet throughput measured so far" if self.basis == MEASURED else "the plan's calibrated throughput"
         text = (f"plan: {self.rows:,} rows, ~{self.tokens:,.0f} output tokens ({self.per_sample:,.0f} per sample, {source}), "
                 f"~{self.seconds:,.0f} s at {self.tok_per_s:,.0f} tok/s ({speed})")
-        text += f", ~${self.cost_usd:,.2f}" if self.cost_usd is not None else ", cost unknown (no GPU-hour price)"
+        text += f", ~${self.cost_usd:,.2f}" if self.cost_usd is not None else ", cost unknown (no --gpu-hour-cost)"
         return text + left
 
     def describe_budget(self) -> str:
@@ -71,8 +71,14 @@ class RoundPlan:
 
 
 def _cost_per_s(regen: dict[str, Any]) -> float | None:
-    """Dollars per second of the servers from ``gpus`` (else one per endpoint) x ``gpu_hour_cost``; None without a price."""
-    gpus = regen.get("gpus") or len(regen.get("endpoints") or ())
+    """Dollars per second of the servers from ``gpus`` (else the fleet file's GPU count, else one per
+    endpoint) x ``gpu_hour_cost``; None without a price. Raises ``InputError`` for an unreadable fleet file."""
+    gpus = regen.get("gpus")
+    if not gpus and regen.get("fleet"):
+        from dqa.regen.fleet.file import read_fleet
+
+        gpus = read_fleet(regen["fleet"]).gpu_count
+    gpus = gpus or len(regen.get("endpoints") or ())
     price = float(regen.get("gpu_hour_cost") or 0.0)
     return gpus * price / 3600.0 if gpus and price else None
 
