@@ -10,7 +10,9 @@ scan of the new release with ``after_dir`` or else the regenerated rows' output 
 the findings table; the top degenerate templates (decoded); regen throughput over time
 (from the shards' ``completed_at`` and ``output_tokens``; stretches when no request was in
 flight, such as the time between an interrupted run and its resume, are left as gaps, not
-drawn as zero) and progress; expectation results and the gate verdict.
+drawn as zero) and progress; expectation results and the gate verdict. For a repair work folder
+(``repair``: its repair.json) a section of its rounds follows the headline
+(``dqa.reports.repair_rounds``): failing samples per round, and what each round cost.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dqa.errors import InputError
 from dqa.formatting import human_count, human_duration
 from dqa.regen.dispatch.progress import GAP_S, LIVE_STATES, work_spans
 from dqa.reports.svg import Series, esc, grouped_bars, line_chart
+from dqa.reports.repair_rounds import html_section as repair_section
 from dqa.reports.scan_order import root_cause, root_cause_legend
 
 TEMPLATE_TEXT_MAX = 600
@@ -55,6 +58,7 @@ class ReportInputs:
     validation_dir: Path | None = None
     gate: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    repair: dict[str, Any] | None = None  # a repair work folder's repair.json: the rounds section
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -476,7 +480,7 @@ def render_report(inp: ReportInputs) -> str:
 
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     title = f"dqa report: {Path(str(inp.summary.get('dataset', inp.scan_dir))).name}"
-    sources = [f"scan {inp.scan_dir}"]
+    sources = [f"scan {inp.scan_dir}"] if inp.repair is None else [f"repair {inp.repair.get('work', '')}", f"scan {inp.scan_dir}"]
     if inp.regen_dir is not None:
         sources.append(f"regen {inp.regen_dir}")
     if inp.validation_dir is not None:
@@ -485,6 +489,7 @@ def render_report(inp: ReportInputs) -> str:
         f"<h1>{esc(title)}</h1><p class=\"sub\">{esc(' · '.join(sources))} · generated {esc(now)} by dqa {esc(__version__)}</p>",
         _section_headline(inp),
         *(f'<p class="note">{esc(n)}</p>' for n in inp.notes),
+        repair_section(inp.repair) if inp.repair is not None else "",
         _section_histogram(inp),
         _section_findings(inp),
         _section_templates(inp),

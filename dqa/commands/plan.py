@@ -40,6 +40,9 @@ def plan(
     calibrate_out: Optional[Path] = typer.Option(
         None, "--calibrate-out", help="With --calibrate: keep the regen output folder here (default: a temporary folder, removed)."
     ),
+    tokenizer: Optional[str] = typer.Option(
+        None, "--tokenizer", help="With --calibrate: tokenizer folder or preset (qwen3, qwen3.6) the dataset is read with, as for `dqa regen`. \\[default: qwen3]"
+    ),
     protocol: Optional[str] = typer.Option(
         None, "--protocol", help="With --calibrate and --endpoint: sglang (default) or openai (e.g. transformers serve)."
     ),
@@ -107,6 +110,7 @@ def plan(
         sample=sample,
         dataset=dataset,
         calibrate_out=calibrate_out,
+        tokenizer=tokenizer,
         protocol=protocol,
         max_new_tokens=max_new_tokens,
         ca_bundle=ca_bundle,

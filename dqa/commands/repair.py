@@ -22,8 +22,9 @@ def repair(
     budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="Start no round whose planned cost would pass this (needs --gpu-hour-cost)."),
     gpu_hour_cost: float = typer.Option(0.0, "--gpu-hour-cost", help="Price of one GPU hour, for the cost of each round."),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs the servers use (default: the fleet file's, else one per endpoint)."),
+    plan: Optional[Path] = typer.Option(None, "--plan", help="A `dqa plan --calibrate --json` file: its calibration estimates round 1's tokens, time and cost. \\[default: round 1 estimated from --max-new-tokens, cost unknown until it ran]"),
     work: Optional[Path] = typer.Option(None, "--work", help="The work folder (every round's scan, regen run and merge, repair.json). \\[default: dqa-out/NAME-repair/]"),
-    failed: str = typer.Option("keep", "--failed", help="Samples still failing after the last round: keep (as the last round left them) or drop."),
+    failed: str = typer.Option("keep", "--failed", help="Samples still failing after the last round: keep (as the last round left them) or drop (left out of the release, in any format the merge writes)."),
     max_new_tokens: int = typer.Option(DEFAULT_MAX_NEW_TOKENS, "--max-new-tokens", help="Output tokens per sample in round 1 (doubled for samples cut by it, within the servers' context)."),
     max_in_flight: int = typer.Option(DEFAULT_MAX_IN_FLIGHT, "--max-in-flight", help="Requests in flight per endpoint."),
     protocol: str = typer.Option(DEFAULT_PROTOCOL, "--protocol", help="sglang (/generate) or openai (/v1/chat/completions)."),
@@ -37,9 +38,12 @@ def repair(
 
     Each round regenerates the samples still failing with new seeds; samples cut by the length
     limit get twice the --max-new-tokens, as far as the servers' context allows (those that cannot
-    fit are named). The loop stops when nothing fails, after --rounds, when a round fixed
-    nothing, or before a round whose plan (its samples x the mean output tokens of the last
-    round, at the throughput measured so far) would pass --budget-usd. Rerunning the same command
+    fit are named). The loop stops when nothing fails, after --rounds, when a round fixed nothing
+    (and the next would not get more tokens), or before a round whose plan would pass
+    --budget-usd. Before each round its plan is printed: its samples x the mean output tokens of
+    the last round, at the fleet throughput measured so far; round 1 from --plan's calibration,
+    else at most --max-new-tokens per turn (time and cost unknown until it ran). The last line
+    says what was spent and what is left. Rerunning the same command
     after a crash or kill -9 continues where it stopped; the work folder refuses another dataset
     or other options.
 
@@ -49,12 +53,12 @@ def repair(
     release is written, listing them in the work folder's repair.json) or the gate fails, 2 usage
     or input error, 3 runtime failure (a regen run stopped: rerun to resume).
     """
-    raise typer.Exit(_run(dataset, out, endpoint, fleet, tokenizer, rounds, budget_usd, gpu_hour_cost, gpus, work, failed,
+    raise typer.Exit(_run(dataset, out, endpoint, fleet, tokenizer, rounds, budget_usd, gpu_hour_cost, gpus, plan, work, failed,
                           max_new_tokens, max_in_flight, protocol, turns, force, as_json, quiet))
 
 
 @handles_errors
-def _run(dataset, out, endpoint, fleet, tokenizer, rounds, budget_usd, gpu_hour_cost, gpus, work, failed, max_new_tokens,
+def _run(dataset, out, endpoint, fleet, tokenizer, rounds, budget_usd, gpu_hour_cost, gpus, plan, work, failed, max_new_tokens,
          max_in_flight, protocol, turns, force, as_json, quiet) -> int:
     import json
     import sys
@@ -66,7 +70,8 @@ def _run(dataset, out, endpoint, fleet, tokenizer, rounds, budget_usd, gpu_hour_
     if gpus is not None:
         regen["gpus"] = gpus
     regen = {k: v for k, v in regen.items() if v not in (None, ())}
-    opts = RepairOptions(tokenizer=tokenizer, rounds=rounds, budget_usd=budget_usd, failed=failed, regen=regen)
+    opts = RepairOptions(tokenizer=tokenizer, rounds=rounds, budget_usd=budget_usd, failed=failed, regen=regen,
+                         plan=str(plan) if plan is not None else None)
     log = None if quiet else (lambda msg: print(f"dqa repair: {msg}", file=sys.stderr, flush=True))
     result = run_repair(dataset, out, opts, work=work, log=log, force=force)
     if as_json:

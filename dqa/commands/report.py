@@ -14,8 +14,8 @@ from dqa.errors import EXIT_OK
 
 
 def report(
-    scan_dir: Optional[Path] = typer.Argument(None, help="A scan folder written by `dqa scan` (holds summary.json, metrics.parquet).",
-                                              show_default=False),
+    scan_dir: Optional[Path] = typer.Argument(None, help="A scan folder written by `dqa scan` (holds summary.json, metrics.parquet), "
+                                              "or a `dqa repair` work folder (holds repair.json).", show_default=False),
     regen: Optional[Path] = typer.Option(None, "--regen", "-r", help="A `dqa regen` output folder: throughput over time, progress."),
     validation: Optional[Path] = typer.Option(None, "--validation", "-v",
                                               help="A `dqa validate` output folder, made from this scan. \\[default: the newest such one in SCAN_DIR]"),
@@ -33,7 +33,13 @@ def report(
     Validations and gates in SCAN_DIR made from another scan (another dataset, or before a
     rescan) are skipped with a note; --validation or --regen of another dataset is refused.
 
+    On a `dqa repair` work folder the report shows the rounds: a chart of failing samples per
+    round, and per round the samples selected, regenerated ok, still failing by reason, output
+    tokens, elapsed and cost, with the total (also printed as a table); its scan is the dataset's,
+    its 'after' the last round's rescan. Written to WORK/report.html by default.
+
     Example:  dqa report dqa-out/train --regen regen-out --after dqa-out/train-merged
+    Example:  dqa report dqa-out/train-repair
 
     Exit codes: 0 written, 2 a missing or unreadable input, 3 could not write.
     """
@@ -50,6 +56,10 @@ def _run(scan_dir, regen, validation, after, out, as_json, quiet) -> int:
     if scan_dir is None:
         raise UsageError("missing SCAN_DIR (a folder written by `dqa scan`; see dqa report --help)")
     scan_dir = Path(scan_dir)
+    from dqa.repair.work import REPAIR_FILE
+
+    if (scan_dir / REPAIR_FILE).is_file():
+        return _run_repair(scan_dir, regen, validation, after, out, as_json, quiet)
     summary = read_summary(scan_dir)
     vdir, notes = pick_validation(scan_dir, summary, validation)
     if regen is not None:
@@ -66,6 +76,37 @@ def _run(scan_dir, regen, validation, after, out, as_json, quiet) -> int:
     if as_json:
         sys.stdout.write(json.dumps({"report": str(path)}) + "\n")
     elif not quiet:
+        typer.echo(str(path))
+    return EXIT_OK
+
+
+def _run_repair(work: Path, regen, validation, after, out, as_json, quiet) -> int:
+    """``dqa report WORK`` for a repair work folder: the HTML report with its rounds, and the rounds
+    table on stdout. Raises ``InputError`` for an unreadable repair.json or one with no round."""
+    from rich.console import Console
+
+    from dqa import atomic
+    from dqa.errors import InputError
+    from dqa.reports.html import load_inputs, render_report
+    from dqa.reports.repair_rounds import terminal_table
+    from dqa.repair.work import REPAIR_FILE
+
+    state = _read_json(work / REPAIR_FILE)
+    rounds = (state or {}).get("rounds") or []
+    if not rounds or not rounds[0].get("scan"):
+        raise InputError(f"{work / REPAIR_FILE}: records no round yet (nothing was regenerated); report the dataset's scan instead")
+    scan_dir = Path(rounds[0]["scan"])
+    rescans = [work / f"round-{r['round']}" / "rescan" for r in rounds if "rescan" in (r.get("done") or ())]
+    inputs = load_inputs(scan_dir, regen, validation, after if after is not None else (rescans[-1] if rescans else None))
+    if after is None and rescans:
+        inputs.after_label = f"after round {len(rescans)} (its rescan)"
+    inputs.repair = {**state, "work": str(work)}
+    path = Path(out) if out is not None else work / "report.html"
+    atomic.write_text(path, render_report(inputs))
+    if as_json:
+        sys.stdout.write(json.dumps({"report": str(path)}) + "\n")
+    elif not quiet:
+        Console(soft_wrap=False).print(terminal_table(state))
         typer.echo(str(path))
     return EXIT_OK
 

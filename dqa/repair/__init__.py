@@ -6,7 +6,8 @@ samples, merges them into a new set and rescans it. Each later round regenerates
 still fail in the last merged set, from the same prompts with new seeds (``seed_base`` + round - 1);
 when rows were cut by the length limit, ``max_new_tokens`` doubles, up to what the servers'
 context allows (a row that cannot fit is reported as such). The loop stops when nothing fails,
-after ``rounds`` rounds, when a round fixed nothing, or before a round the budget cannot pay
+after ``rounds`` rounds, when a round fixed nothing (unless the next one gets a larger
+``max_new_tokens``), or before a round the budget cannot pay
 for. Then NEW is written (the last merged set; ``failed="drop"`` leaves out the rows still
 failing) and gated. Every step calls the steps' Python API (``dqa.scan``, ``dqa.regenerate``,
 ``dqa.merge``, ``dqa.gate``), never the CLI.
@@ -21,7 +22,7 @@ from typing import Any, Callable
 
 from dqa.audit.scan_folder import findings_file
 from dqa.errors import EXIT_OK, EXIT_QUALITY, InputError, UsageError
-from dqa.repair.budget import RoundPlan, plan_round, regen_figures, cut_rows
+from dqa.repair.budget import RoundPlan, cut_rows, plan_round, read_calibration, regen_figures
 from dqa.repair.work import WorkFolder, default_work_dir
 
 DEFAULT_ROUNDS = 3
@@ -34,13 +35,17 @@ class RepairOptions:
     ``fleet``, ``max_new_tokens``, ``max_in_flight``, ``protocol``, ``turns``, ``gpus``,
     ``gpu_hour_cost``, ...), used in every round; ``rounds``: at most this many; ``budget_usd``: no
     round starts that the plan says would go past it (cost from ``gpu_hour_cost`` x ``gpus``);
-    ``failed``: ``keep`` (rows still failing stay as the last round left them) or ``drop``."""
+    ``failed``: ``keep`` (rows still failing stay as the last round left them) or ``drop`` (in any
+    format the merge writes); ``plan``: a ``dqa plan --calibrate --json`` file whose calibration
+    estimates round 1 (without one, round 1's estimate is ``max_new_tokens`` per sample, an upper
+    bound, and its cost is unknown until it has run)."""
 
     tokenizer: str | None = None
     rounds: int = DEFAULT_ROUNDS
     budget_usd: float | None = None
     failed: str = "keep"
     regen: dict[str, Any] = field(default_factory=dict)
+    plan: str | None = None
 
     def check(self) -> None:
         """Raises ``UsageError`` for a bad option."""
@@ -59,6 +64,7 @@ class RepairOptions:
     def recorded(self) -> dict[str, Any]:
         """The options as ``repair.json`` records them (what a rerun must repeat)."""
         return {"tokenizer": self.tokenizer, "rounds": self.rounds, "budget_usd": self.budget_usd, "failed": self.failed,
+                **({"plan": str(self.plan)} if self.plan else {}),
                 **{f"regen.{k}": (list(v) if isinstance(v, tuple) else v) for k, v in sorted(self.regen.items())}}
 
 
@@ -111,6 +117,7 @@ def repair(dataset: str | Path, out: str | Path, options: RepairOptions, *, work
     max_new = int(regen_opts.pop("max_new_tokens", 0) or 0) or None
     seed_base = int(regen_opts.pop("seed_base", 0) or 0)
     quiet_regen = dict(live=False, log=say)
+    calibration = read_calibration(options.plan) if options.plan else None
 
     src, scan_dir = dataset, None
     stop, spent = "rounds", 0.0
@@ -135,14 +142,15 @@ def repair(dataset: str | Path, out: str | Path, options: RepairOptions, *, work
             stop = "clean"
             _drop_round(wf, k)
             break
-        if figures is not None and figures.no_progress:
+        if figures is not None and figures.no_progress and not any(c.get("option") == "max_new_tokens" for c in rec.get("changes") or ()):
             stop = "no progress"
             _drop_round(wf, k)
             break
         # 2. the plan, and the budget
         if "regen" not in rec["done"]:
             mn = rec.get("max_new_tokens") or max_new
-            plan = plan_round(selected, wf.state["rounds"][: k - 1], regen_opts, options.budget_usd, spent)
+            plan = plan_round(selected, wf.state["rounds"][: k - 1], regen_opts, options.budget_usd, spent,
+                              max_new_tokens=mn or _default_max_new(), calibration=calibration)
             say(f"round {k}: {selected:,} samples to regenerate; {plan.describe()}")
             if plan.over_budget:
                 stop = "budget"
@@ -171,9 +179,12 @@ def repair(dataset: str | Path, out: str | Path, options: RepairOptions, *, work
         rec = wf.round(k)
         spent += float(rec.get("cost_usd") or 0.0)
         figures = regen_figures(rec, rdir / "regen", selected)
+        if "cannot_fit" not in rec:
+            wf.mark(k, "rescan", cannot_fit=figures.cannot_fit, cannot_fit_rows=list(figures.cannot_fit_rows), context=figures.context)
         say(f"round {k}: {rec['regenerated_ok']:,} regenerated ok, {rec['still_failing']:,} still failing"
             + (f" ({_reasons_text(rec['still_failing_reasons'])})" if rec["still_failing"] else "")
-            + (f"; {figures.cannot_fit:,} cannot fit in the context ({figures.context:,} tokens)" if figures.cannot_fit else ""))
+            + (f"; {figures.cannot_fit:,} cannot fit in {figures.context:,} tokens of context (cut at the servers' limit)"
+               if figures.cannot_fit else ""))
         src, scan_dir = merged, rdir / "rescan"
         if k < options.rounds and rec["still_failing"] > 0:
             nxt = wf.round(k + 1)
@@ -201,11 +212,11 @@ def repair(dataset: str | Path, out: str | Path, options: RepairOptions, *, work
     kept = still if options.failed == "keep" else 0
     code = EXIT_OK if gate.passed and kept == 0 else EXIT_QUALITY
     wf.state["final"].update(stop=stop, still_failing=still, still_failing_reasons=reasons,
-                             still_failing_rows=_failing_rows(scan_dir) if still else [], spent_usd=round(spent, 4),
+                             still_failing_rows=_failing_rows(scan_dir, wf.state["rounds"]) if still else [], spent_usd=round(spent, 4),
                              gate_passed=gate.passed, exit_code=code)
     wf.state["status"] = "finished"
     wf.save()
-    left = f", ${options.budget_usd - spent:,.2f} of the budget left" if options.budget_usd is not None else ""
+    left = f", ${options.budget_usd - spent:,.2f} of the ${options.budget_usd:,.2f} budget left" if options.budget_usd is not None else ""
     msg = (f"{out}: gate {'passed' if gate.passed else 'failed'}; {len(wf.state['rounds'])} round(s), stopped: {stop}; "
            f"{still:,} samples still failing" + (f" ({_reasons_text(reasons)})" if still else "")
            + (" (dropped)" if still and options.failed == "drop" else "") + f"; spent ${spent:,.2f}{left}")
@@ -237,13 +248,18 @@ def _failing(scan_dir: Path) -> tuple[int, dict[str, int]]:
     return f.height, {r: int(n) for r, n in counts.iter_rows() if r is not None}
 
 
-def _failing_rows(scan_dir: Path) -> list[dict[str, Any]]:
-    """The failing rows of a scan folder's findings: ``{row, id, reasons}`` each (id None without one)."""
+def _failing_rows(scan_dir: Path, rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The failing rows of a scan folder's findings: ``{row, id, reasons}`` each (id None without
+    one), plus ``note`` "cannot fit in CONTEXT tokens of context" for a row the last round that ran
+    cut at the servers' context."""
     import polars as pl
 
     f = pl.read_parquet(findings_file(scan_dir))
     cols = [c for c in ("row", "id", "reasons") if c in f.columns]
-    return [{"id": None, **r} for r in f.select(cols).to_dicts()]
+    ran = [r for r in rounds if "cannot_fit_rows" in r]
+    full = set(ran[-1]["cannot_fit_rows"]) if ran else set()
+    note = f"cannot fit in {ran[-1]['context']:,} tokens of context" if full and ran[-1].get("context") else None
+    return [{"id": None, **r, **({"note": note} if note and r.get("row") in full else {})} for r in f.select(cols).to_dicts()]
 
 
 def _reasons_text(reasons: dict[str, int]) -> str:
@@ -258,14 +274,11 @@ def _output_tokens(progress: dict[str, Any]) -> int:
 
 def _write_release(src: Path, out: Path, drop_failing_of: Path | None) -> None:
     """Write the release ``out`` from ``src`` atomically: a copy, or (``drop_failing_of``: a scan
-    folder of ``src``) the rows its findings do not flag. Raises ``InputError`` when dropping is
-    asked for a set that is not one parquet file."""
+    folder of ``src``) the rows its findings do not flag, in ``src``'s format and file layout."""
     from dqa import atomic
 
     out.parent.mkdir(parents=True, exist_ok=True)
     if drop_failing_of is not None:
-        if src.is_dir() or src.suffix != ".parquet":
-            raise InputError(f"--failed drop: supported for a parquet file, not {src}; use --failed keep")
         _write_without_failing(src, out, drop_failing_of)
         return
     if src.is_dir():
@@ -279,23 +292,63 @@ def _write_release(src: Path, out: Path, drop_failing_of: Path | None) -> None:
 
 
 def _write_without_failing(src: Path, out: Path, scan_dir: Path) -> None:
-    """``src`` (parquet) without the rows its scan's findings flag, batch by batch."""
+    """``src`` without the rows its scan's findings flag (rows count in dataset order over its
+    files), in ``src``'s format and layout: any format ``dqa.audit.writers.DatasetWriter`` writes
+    (parquet file or shards, Arrow, JSONL, a ``save_to_disk`` folder), batch by batch; conversation
+    JSONL line by line, so each kept record is written back byte for byte."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from dqa.audit.readers import open_dataset
+    from dqa.audit.writers import DatasetWriter
+    from dqa.regen.config import DEFAULT_MERGE_BATCH_ROWS
+
+    bad = np.unique(pq.read_table(findings_file(scan_dir), columns=["row"]).column("row").to_numpy())
+    ds = open_dataset(src)
+    if ds.format == "conversations":
+        _write_conversations_without(ds, out, bad)
+        return
+    with DatasetWriter(ds, out, force=True) as writer:
+        start = 0
+        for f, b in ds.record_batches(DEFAULT_MERGE_BATCH_ROWS):
+            keep = ~np.isin(np.arange(start, start + b.num_rows), bad, assume_unique=True)
+            writer.write(f, b.filter(pa.array(keep)))
+            start += b.num_rows
+        writer.commit()
+
+
+def _write_conversations_without(ds: Any, out: Path, bad: Any) -> None:
+    """Conversation JSONL ``ds`` (a file or a folder) at ``out`` without the records numbered in
+    ``bad`` (non-blank lines, in file order), every other file of a folder copied as it is."""
     from dqa import atomic
 
-    bad = np.sort(pq.read_table(findings_file(scan_dir), columns=["row"]).column("row").to_numpy())
-    pf = pq.ParquetFile(src)
-    with atomic.atomic_path(out) as tmp:
-        with pq.ParquetWriter(tmp, pf.schema_arrow) as w:
-            start = 0
-            for b in pf.iter_batches(batch_size=8192):
-                rows = np.arange(start, start + b.num_rows)
-                keep = ~np.isin(rows, bad, assume_unique=True)
-                w.write_batch(b.filter(pa.array(keep)))
-                start += b.num_rows
+    bad_rows = set(int(r) for r in bad)
+    row = 0
+
+    def kept_lines(f: Path) -> bytes:
+        nonlocal row
+        kept = []
+        with open(f, "rb") as fh:
+            for line in fh:
+                if not line.strip():
+                    continue
+                if row not in bad_rows:
+                    kept.append(line if line.endswith(b"\n") else line + b"\n")
+                row += 1
+        return b"".join(kept)
+
+    src = ds.path
+    if not src.is_dir():
+        with atomic.atomic_path(out) as tmp:
+            tmp.write_bytes(kept_lines(src))
+        return
+    work = atomic.new_temp(out)
+    work.unlink()
+    shutil.copytree(src, work)
+    for f in ds.files:
+        (work / Path(f).resolve().relative_to(src.resolve())).write_bytes(kept_lines(Path(f)))
+    atomic.replace_dir(work, out)
 
 
 __all__ = ["repair", "RepairOptions", "RepairResult", "RoundPlan", "DEFAULT_ROUNDS", "cut_rows"]

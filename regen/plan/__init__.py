@@ -38,7 +38,8 @@ class PlanInputs:
 
     The sample count is ``samples`` or the failing rows of the scan ``findings``; the throughput
     one of ``tok_per_s``, ``tok_per_gpu``, ``req_per_s``, or measured (``calibrate``: a short
-    real regeneration of ``sample`` prompts of ``dataset`` on ``fleet`` or ``endpoints``); more
+    real regeneration of ``sample`` prompts of ``dataset`` on ``fleet`` or ``endpoints``, read with
+    ``tokenizer``'s chat format, default qwen3); more
     scenarios as ``name:gpus:tok_per_gpu[:cost_per_gpu_hour]`` texts. ``gpus`` defaults to the
     fleet file's GPU count, else the endpoints' count when calibrating, else 1.
     """
@@ -59,6 +60,7 @@ class PlanInputs:
     sample: int = DEFAULT_CALIBRATE_SAMPLE
     dataset: str | Path | None = None
     calibrate_out: str | Path | None = None
+    tokenizer: str | None = None
     protocol: str | None = None
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     turns: str = DEFAULT_TURNS
@@ -164,6 +166,7 @@ def make_plan(
                 fleet=i.fleet,
                 endpoints=list(i.endpoints),
                 out=i.calibrate_out,
+                **({"tokenizer": str(i.tokenizer)} if i.tokenizer else {}),
                 protocol=i.protocol,
                 max_new_tokens=i.max_new_tokens,
                 ca_bundle=i.ca_bundle,
