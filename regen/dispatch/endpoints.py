@@ -20,7 +20,7 @@ from typing import Callable
 
 from dqa.regen.dispatch.progress import EndpointCounts, Progress
 from dqa.regen.servers import KINDS
-from dqa.regen.servers.facts import SeedNotice, ServerFacts, describe, discover
+from dqa.regen.servers.facts import SeedNotice, ServerFacts, describe, discover, with_context_length
 from dqa.regen.wire.transport import Transport, TransportError
 from dqa.regen.wire.urls import strip_userinfo
 
@@ -178,7 +178,8 @@ class EndpointHealth:
 
     def learn(self, ep: Endpoint, facts: ServerFacts) -> None:
         """Keep what ``ep`` said about itself; the model name when none was given; say once when
-        its seeds do not reproduce outputs."""
+        its seeds do not reproduce outputs. ``--context-length`` (the settings') applies here."""
+        with_context_length(facts, getattr(self.s, "context_length", None))
         ep.facts = facts
         if facts.model and not self.protocol.model:
             self.protocol.model = facts.model
