@@ -376,7 +376,11 @@ class Dispatcher:
         ep.last_error = outcome.error or ""
         if outcome.endpoint_fault:
             ep.fails += 1
-            if ep.healthy and (outcome.refused or ep.fails >= self.s.fail_threshold):
+            # An SGLang router has retried across its workers already and is re-sending the other
+            # requests in flight: it is taken out only when it refuses connections itself (its
+            # health path, /health_generate, says whether a worker is healthy behind it).
+            router = ep.facts is not None and ep.facts.router is not None
+            if ep.healthy and (outcome.refused or (ep.fails >= self.s.fail_threshold and not router)):
                 self.health.take_out(ep, outcome.error or "failing")
         if self.stopping:
             return  # not recorded: a rerun regenerates it
