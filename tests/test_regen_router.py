@@ -208,3 +208,36 @@ def test_a_router_whose_workers_cannot_be_asked_is_refused_unless_context_length
         router.stop()
         for w in workers:
             w.stop()
+
+
+def test_while_the_router_has_no_worker_dqa_pauses_instead_of_burning_attempts(tmp_path):
+    workers = _workers(tmp_path, 1, "--latency-s", "0.05")
+    # The README's setting: a short open-circuit timeout (60 s by default) once the worker is back.
+    router = Router(tmp_path / "router", [workers[0].url], "--cb-timeout-duration-secs", "3").start()
+    try:
+        path = degenerate_dataset(tmp_path / "d.parquet", 40)
+        findings = write_findings(tmp_path / "scan", list(range(40)))
+
+        def outage():
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and workers[0].status()["num_requests"] < 5:
+                time.sleep(0.02)
+            workers[0].kill()
+            time.sleep(6)  # the router marks it unhealthy and answers 503 no_available_workers
+            workers[0].restart()
+
+        t = threading.Thread(target=outage)
+        t.start()
+        res, logs = _run(path, findings, tmp_path / "out", router.url, max_in_flight=4, max_new_tokens=64,
+                         **{**FAST, "backoff_base": 0.5, "backoff_max": 4.0})
+        t.join()
+        assert res.exit_code == 0, res.message
+        rows = read_shards(tmp_path / "out").to_pylist()
+        assert sorted(r["row"] for r in rows) == list(range(40))
+        assert {r["status"] for r in rows} <= {"ok", "length"}, [r["error"] for r in rows if r["status"] == "failed"][:3]
+        assert max(r["attempts"] for r in rows) <= 6
+        assert any("paused (the router has no available worker)" in m for m in logs), logs
+    finally:
+        router.stop()
+        for w in workers:
+            w.stop()

@@ -95,6 +95,20 @@ class EndpointHealth:
         if not any(e.healthy for e in self.endpoints) and self.all_down_since is None:
             self.all_down_since = time.monotonic()
 
+    def pause(self, ep: Endpoint, why: str) -> None:
+        """Stop sending to ``ep`` until its health path answers 200 again, leaving its in-flight
+        requests alone: an SGLang router with no worker to send to (it still finishes, or re-sends,
+        what it holds)."""
+        if not ep.healthy:
+            return
+        ep.healthy = False
+        ep.counts.healthy = False
+        ep.probe_backoff = 1.0
+        ep.next_check = time.monotonic() + ep.probe_backoff
+        self.log(f"{ep.name}: paused ({why}); sending again once its {ep.health_path} answers 200")
+        if not any(e.healthy for e in self.endpoints) and self.all_down_since is None:
+            self.all_down_since = time.monotonic()
+
     def bring_in(self, ep: Endpoint) -> None:
         """Put ``ep`` (healthy again, or for the first time) back into the fleet."""
         self._warned_down = False

@@ -16,7 +16,11 @@ without it: ``servers.base.ServerKind.health_paths``). That health state machine
 What each endpoint is (``servers.facts.ServerFacts``: context length, speculative reserve,
 version, whether seeds take effect) comes from the start-up preflight, or is asked once the
 endpoint first becomes healthy; ``max_new_tokens`` is capped per request so SGLang's length
-check passes, and each row's ``sampling`` records ``seed_applied``.
+check passes, and each row's ``sampling`` records ``seed_applied``; a prompt that cannot fit is
+recorded failed without being sent. ``attempts`` counts the requests that may have reached a model
+server (not one cancelled before it was sent, nor an SGLang router's 503 ``no_available_workers``),
+and giving up uses that count. An SGLang router endpoint (``ServerFacts.router``) is not taken out
+for its workers' faults; with no worker available it is paused (``EndpointHealth.pause``).
 
 Stopping: ``request_stop()`` (first Ctrl-C / SIGTERM) stops dispatching and
 drains in-flight work; ``request_cancel()`` (second Ctrl-C) cancels it. Rows
@@ -42,6 +46,7 @@ from dqa.regen.config import DEFAULT_MAX_IN_FLIGHT, Retries, Timeouts
 from dqa.regen.dispatch.progress import Progress
 from dqa.regen.jobs.job import Job
 from dqa.regen.servers.facts import ServerFacts, unknown_context
+from dqa.regen.servers.sglang_router import says_no_workers
 from dqa.regen.store.journal import Result, encode
 from dqa.regen.wire.call import call
 from dqa.regen.wire.outcome import FAIL, FATAL, LENGTH, OK, RETRY, Outcome
@@ -382,6 +387,15 @@ class Dispatcher:
             router = ep.facts is not None and ep.facts.router is not None
             if ep.healthy and (outcome.refused or (ep.fails >= self.s.fail_threshold and not router)):
                 self.health.take_out(ep, outcome.error or "failing")
+            elif router and says_no_workers(outcome.error):
+                # The router sent it to no worker (none healthy, or every circuit open): not an
+                # attempt; dqa stops sending there until its health path answers 200 again.
+                self.health.pause(ep, "the router has no available worker")
+                job.attempts -= 1
+                if not self.stopping:
+                    job.last_endpoint = ep.url
+                    self._requeue_now(job)
+                return
         if self.stopping:
             return  # not recorded: a rerun regenerates it
         if job.attempts >= self.s.max_attempts:

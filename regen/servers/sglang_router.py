@@ -51,3 +51,12 @@ def sampling_fields(sent: Iterable[str]) -> dict[str, str]:
     """``{sampling key: "applied" | "dropped"}`` for the ``sampling_params`` keys dqa sends: whether
     the router passes each on to the worker."""
     return {k: (APPLIED if k in PASSED_SAMPLING_PARAMS else DROPPED) for k in sent}
+
+
+NO_WORKERS = "no_available_workers"  # the router's 503 code: no healthy worker, or every circuit open
+
+
+def says_no_workers(error: str | None) -> bool:
+    """Whether an attempt's error text is the router's 503 ``no_available_workers`` (it has retried
+    already; sending more only burns attempts until a worker is back)."""
+    return bool(error) and NO_WORKERS in error
