@@ -11,6 +11,8 @@ Skipped, with the reason, when the sglang-router package is not installed.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 
@@ -197,6 +199,13 @@ def test_a_router_whose_workers_cannot_be_asked_is_refused_unless_context_length
         findings = write_findings(tmp_path / "scan", list(range(4)))
         with pytest.raises(UsageError, match=r"an SGLang router, and dqa cannot learn its workers' context length .*--context-length N"):
             _run(path, findings, tmp_path / "out", router.url)
+        # The CLI: exit 2, one line naming the fix, no traceback, nothing sent.
+        cli = subprocess.run([sys.executable, "-m", "dqa.cli", "regen", str(path), "--findings", str(findings), "-e", router.url,
+                              "--out", str(tmp_path / "out-cli"), "--quiet"], capture_output=True, text=True, timeout=120)
+        assert cli.returncode == 2, cli.stderr
+        assert "Traceback" not in cli.stderr and len(cli.stderr.strip().splitlines()) == 1, cli.stderr
+        assert "pass --context-length N" in cli.stderr
+        assert router.metric_sum("smg_router_requests_total", endpoint="generate") == 0
         workers[0].restart()
         res, _ = _run(path, findings, tmp_path / "out2", router.url, context_length=600, max_new_tokens=8192)
         assert res.exit_code == 0, res.message
