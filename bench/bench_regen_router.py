@@ -85,16 +85,27 @@ def main() -> None:
         for k in range(a.rounds):
             for j, b in enumerate(bodies):
                 bodies[j] = b.replace(b'"rid":"plain-', b'"rid":"p%d-' % k, 1)
-            plain = asyncio.run(_plain(router.url, bodies, a.concurrency))
-            out = tmp / f"out{k}"
-            t0 = time.perf_counter()
-            res = regenerate(RegenConfig(dataset=str(data), out=str(out), endpoints=[router.url], findings=str(findings),
-                                         max_in_flight=a.concurrency, live=False, install_signal_handlers=False))
-            dqa = a.rows / (time.perf_counter() - t0)
-            assert res.exit_code == 0 and res.progress["ok"] == a.rows, res.message
+            def run_plain():
+                c0 = time.process_time()
+                rate = asyncio.run(_plain(router.url, bodies, a.concurrency))
+                return rate, (time.process_time() - c0) / len(bodies) * 1e6
+
+            def run_dqa():
+                c0, t0 = time.process_time(), time.perf_counter()
+                res = regenerate(RegenConfig(dataset=str(data), out=str(tmp / f"out{k}"), endpoints=[router.url], findings=str(findings),
+                                             max_in_flight=a.concurrency, live=False, install_signal_handlers=False))
+                assert res.exit_code == 0 and res.progress["ok"] == a.rows, res.message
+                return a.rows / (time.perf_counter() - t0), (time.process_time() - c0) / a.rows * 1e6, res
+
+            # Alternate who goes first: the shared machine's speed drifts within a round.
+            if k % 2:
+                (dqa, dqa_cpu, res), (plain, plain_cpu) = run_dqa(), run_plain()
+            else:
+                (plain, plain_cpu), (dqa, dqa_cpu, res) = run_plain(), run_dqa()
             ratios.append(dqa / plain)
-            print(f"round {k + 1}: plain {plain:8.0f} req/s   dqa regen {dqa:8.0f} req/s (wall, start-up included; "
-                  f"progress.json {res.progress['req_per_s']:.0f})   dqa/plain {dqa / plain:.2f}", flush=True)
+            print(f"round {k + 1}: plain {plain:6.0f} req/s ({plain_cpu:4.0f} us CPU/req)   dqa regen {dqa:6.0f} req/s "
+                  f"({dqa_cpu:4.0f} us CPU/req; wall, start-up included; progress.json {res.progress['req_per_s']:.0f})   "
+                  f"dqa/plain {dqa / plain:.2f}", flush=True)
         print(f"median dqa/plain over {a.rounds} rounds: {statistics.median(ratios):.2f} (goal >= 0.8); "
               f"rows {a.rows}, concurrency {a.concurrency}, router 400s "
               f"{router.metric_sum('smg_router_upstream_responses_total', status_code='400'):.0f}")
