@@ -20,8 +20,17 @@ from pathlib import Path
 
 from fleet_helpers import free_port_base
 
-ROUTER_MISSING = (None if importlib.util.find_spec("sglang_router") is not None
-                  else "sglang-router is not installed (pip install 'dqa[test]' or sglang-router==0.3.2)")
+
+def _router_missing() -> str | None:
+    """The reason to skip when the sglang-router package cannot be found, else None."""
+    try:
+        found = importlib.util.find_spec("sglang_router") is not None
+    except (ImportError, ValueError):  # a broken install, or blocked in sys.modules
+        found = False
+    return None if found else "sglang-router is not installed (pip install 'dqa[test]' or sglang-router==0.3.2)"
+
+
+ROUTER_MISSING = _router_missing()
 
 
 def _get(url: str, timeout: float = 2.0) -> tuple[int, str]:
