@@ -250,3 +250,26 @@ def test_while_the_router_has_no_worker_dqa_pauses_instead_of_burning_attempts(t
         router.stop()
         for w in workers:
             w.stop()
+
+
+def test_through_the_router_the_smallest_context_and_the_largest_speculative_reserve_cap_the_output(tmp_path):
+    from dqa.regen.servers.sglang_releases import SPECULATIVE_MARGIN
+
+    workers = [StubServer(tmp_path / "w0", "--context-length", "1024", "--speculative-algorithm", "NEXTN", name="w0").start(),
+               StubServer(tmp_path / "w1", "--context-length", "2048", name="w1").start()]
+    router = Router(tmp_path / "router", [w.url for w in workers]).start()
+    try:
+        path = degenerate_dataset(tmp_path / "d.parquet", 8)
+        findings = write_findings(tmp_path / "scan", list(range(8)))
+        res, _ = _run(path, findings, tmp_path / "out", router.url, max_new_tokens=8192)
+        assert res.exit_code == 0, res.message
+        info = json.loads((tmp_path / "out" / "run.json").read_text())["servers"][router.url]
+        assert (info["context_length"], info["speculative_reserve"]) == (1024, 4)
+        rows = read_shards(tmp_path / "out").to_pylist()
+        assert {r["status"] for r in rows} == {"ok"}
+        assert all(json.loads(r["sampling"])["max_new_tokens"] == 1024 - r["prompt_len"] - 4 - SPECULATIVE_MARGIN for r in rows)
+        assert router.metric_sum("smg_router_upstream_responses_total", status_code="400") == 0
+    finally:
+        router.stop()
+        for w in workers:
+            w.stop()
