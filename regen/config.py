@@ -192,7 +192,9 @@ class DispatchSpec:
     environment variable, requests in flight per endpoint; ``gpus`` and ``gpu_hour_cost`` for the
     cost figures (``gpus`` default: the fleet file's, else one per endpoint); ``ca_bundle``: the
     CA certificates that verify ``https://`` servers (None: ``$SSL_CERT_FILE``,
-    ``$REQUESTS_CA_BUNDLE``, else the system's; ``http_policy``)."""
+    ``$REQUESTS_CA_BUNDLE``, else the system's; ``http_policy``); ``context_length``: the servers'
+    context length where they do not say it (an SGLang router whose workers cannot be asked), the
+    smaller one where they do (None: what they say)."""
 
     endpoints: tuple[str, ...] = ()
     fleet: str | None = None
@@ -203,6 +205,7 @@ class DispatchSpec:
     gpus: int | None = None
     gpu_hour_cost: float = 0.0
     ca_bundle: str | None = None
+    context_length: int | None = None
     timeouts: Timeouts = field(default_factory=Timeouts)
     retries: Retries = field(default_factory=Retries)
 
@@ -214,6 +217,8 @@ class DispatchSpec:
             raise UsageError(f"--protocol {self.protocol!r}: expected {' or '.join(PROTOCOLS)}")
         if self.max_in_flight < 1:
             raise UsageError("--max-in-flight must be >= 1")
+        if self.context_length is not None and self.context_length < 2:
+            raise UsageError("--context-length must be >= 2 (the servers' context length in tokens)")
         if self.ca_bundle is not None:
             object.__setattr__(self, "ca_bundle", os.fspath(self.ca_bundle))
             self.http_policy()  # UsageError for a bundle that is not a file, before anything is read

@@ -352,6 +352,7 @@ def dispatch_settings(d: DispatchSpec) -> DispatchSettings:
         down_deadline=t.down_deadline,
         request_timeout=t.request,
         connect_timeout=t.connect,
+        context_length=d.context_length,
     )
 
 
@@ -393,11 +394,24 @@ def probe_servers(t: Timeouts, link: Link, log: Callable[[str], None]) -> dict[s
     ``UsageError`` (exit 2) for an endpoint of the wrong protocol or with a TLS certificate it
     cannot verify, and ``RuntimeFailure`` (exit 3) when none answers at all."""
     from dqa.regen.dispatch.preflight import preflight_async
-    from dqa.regen.servers.facts import describe
+    from dqa.regen.servers.facts import describe, unknown_context, with_context_length
+    from dqa.regen.servers.sglang_router import DROPPED, sampling_fields
 
     s = link.servers
     facts = link.run(preflight_async(s.urls, s.protocol, s.headers, connect_timeout=t.connect,
                                      info_timeout=min(t.health, 10.0), window=t.preflight_window, transport=link.transport))
+    for u, f in facts.items():
+        if f is None:
+            continue
+        with_context_length(f, link.settings.context_length)
+        refused = unknown_context(strip_userinfo(u), f)
+        if refused:  # never uncapped through a router: its circuit breaker counts the 400s
+            raise UsageError(refused)
+        if f.router is not None:
+            f.router["sampling_fields"] = fields = sampling_fields(link.protocol.sampling_keys)
+            dropped = sorted(k for k, v in fields.items() if v == DROPPED)
+            if dropped:
+                log(f"{strip_userinfo(u)}: the SGLang router drops {', '.join(dropped)} from every request (run.json: servers.router.sampling_fields)")
     link.protocol.use_facts(facts)  # e.g. openai: the token-exact chat route where the probe found it (issue 11, item 2)
     for u, f in facts.items():
         if f is None:

@@ -58,6 +58,7 @@ def regen(
     retry_failed: bool = typer.Option(Selection.retry_failed, "--retry-failed", help="On resume, send the rows recorded as failed again (their old records are replaced)."),
     max_attempts: int = typer.Option(Retries.max_attempts, "--max-attempts", help="Attempts per row before it is recorded as failed."),
     request_timeout: float = typer.Option(Timeouts.request, "--request-timeout", help=f"Seconds one attempt may take from its connection to the reply's last byte, however the server paces it; then it is retried (long: a disconnect aborts the request on the server). Connecting has its own {Timeouts.connect:g} s."),
+    context_length: Optional[int] = typer.Option(None, "--context-length", help="The servers' context length (tokens), for an SGLang router whose workers dqa cannot ask (it refuses to start without it); the smaller one wins when the servers say theirs. Prompts that cannot fit are recorded failed, never sent."),
     ca_bundle: Optional[str] = typer.Option(None, "--ca-bundle", help="CA certificates (PEM) that verify https:// servers (default: $SSL_CERT_FILE, $REQUESTS_CA_BUNDLE, else the system's). Proxies: HTTP_PROXY / HTTPS_PROXY, and NO_PROXY for hosts to reach directly."),
     down_deadline: float = typer.Option(Timeouts.down_deadline, "--down-deadline", help="Stop (exit 3, resumable) when no endpoint has been healthy for this many seconds (endpoints that never answer at all stop the run at start-up, within seconds)."),
     shard_rows: int = typer.Option(OutputSpec.shard_rows, "--shard-rows", help=f"Rows per output shard (a shard also closes every {OutputSpec.shard_seconds / 60:g} minutes)."),
@@ -75,7 +76,7 @@ def regen(
     dispatch = DispatchSpec(
         endpoints=tuple(endpoint), fleet=fleet, protocol=protocol, model=model, api_key_env=api_key_env,
         max_in_flight=max_in_flight, gpus=gpus, gpu_hour_cost=gpu_hour_cost, ca_bundle=ca_bundle,
-        timeouts=Timeouts(request=request_timeout, down_deadline=down_deadline), retries=Retries(max_attempts=max_attempts),
+        context_length=context_length, timeouts=Timeouts(request=request_timeout, down_deadline=down_deadline), retries=Retries(max_attempts=max_attempts),
     )
     cfg = RegenConfig(
         data=DatasetSpec(dataset, ids_column=ids_column, mask_column=mask_column, labels_column=labels_column, id_column=id_column,

@@ -20,7 +20,7 @@ from typing import Callable
 
 from dqa.regen.dispatch.progress import EndpointCounts, Progress
 from dqa.regen.servers import KINDS
-from dqa.regen.servers.facts import SeedNotice, ServerFacts, describe, discover
+from dqa.regen.servers.facts import SeedNotice, ServerFacts, describe, discover, with_context_length
 from dqa.regen.wire.transport import Transport, TransportError
 from dqa.regen.wire.urls import strip_userinfo
 
@@ -92,6 +92,20 @@ class EndpointHealth:
                 t.cancel()
                 moved += 1
         self.log(f"{ep.name}: taken out ({why}); {moved} in-flight requests go to the other endpoints")
+        if not any(e.healthy for e in self.endpoints) and self.all_down_since is None:
+            self.all_down_since = time.monotonic()
+
+    def pause(self, ep: Endpoint, why: str) -> None:
+        """Stop sending to ``ep`` until its health path answers 200 again, leaving its in-flight
+        requests alone: an SGLang router with no worker to send to (it still finishes, or re-sends,
+        what it holds)."""
+        if not ep.healthy:
+            return
+        ep.healthy = False
+        ep.counts.healthy = False
+        ep.probe_backoff = 1.0
+        ep.next_check = time.monotonic() + ep.probe_backoff
+        self.log(f"{ep.name}: paused ({why}); sending again once its {ep.health_path} answers 200")
         if not any(e.healthy for e in self.endpoints) and self.all_down_since is None:
             self.all_down_since = time.monotonic()
 
@@ -178,7 +192,8 @@ class EndpointHealth:
 
     def learn(self, ep: Endpoint, facts: ServerFacts) -> None:
         """Keep what ``ep`` said about itself; the model name when none was given; say once when
-        its seeds do not reproduce outputs."""
+        its seeds do not reproduce outputs. ``--context-length`` (the settings') applies here."""
+        with_context_length(facts, getattr(self.s, "context_length", None))
         ep.facts = facts
         if facts.model and not self.protocol.model:
             self.protocol.model = facts.model

@@ -16,7 +16,11 @@ without it: ``servers.base.ServerKind.health_paths``). That health state machine
 What each endpoint is (``servers.facts.ServerFacts``: context length, speculative reserve,
 version, whether seeds take effect) comes from the start-up preflight, or is asked once the
 endpoint first becomes healthy; ``max_new_tokens`` is capped per request so SGLang's length
-check passes, and each row's ``sampling`` records ``seed_applied``.
+check passes, and each row's ``sampling`` records ``seed_applied``; a prompt that cannot fit is
+recorded failed without being sent. ``attempts`` counts the requests that may have reached a model
+server (not one cancelled before it was sent, nor an SGLang router's 503 ``no_available_workers``),
+and giving up uses that count. An SGLang router endpoint (``ServerFacts.router``) is not taken out
+for its workers' faults; with no worker available it is paused (``EndpointHealth.pause``).
 
 Stopping: ``request_stop()`` (first Ctrl-C / SIGTERM) stops dispatching and
 drains in-flight work; ``request_cancel()`` (second Ctrl-C) cancels it. Rows
@@ -41,7 +45,8 @@ from dqa.regen.dispatch.endpoints import Endpoint, EndpointHealth
 from dqa.regen.config import DEFAULT_MAX_IN_FLIGHT, Retries, Timeouts
 from dqa.regen.dispatch.progress import Progress
 from dqa.regen.jobs.job import Job
-from dqa.regen.servers.facts import ServerFacts
+from dqa.regen.servers.facts import ServerFacts, unknown_context
+from dqa.regen.servers.sglang_router import says_no_workers
 from dqa.regen.store.journal import Result, encode
 from dqa.regen.wire.call import call
 from dqa.regen.wire.outcome import FAIL, FATAL, LENGTH, OK, RETRY, Outcome
@@ -74,6 +79,7 @@ class DispatchSettings:
     down_deadline: float = Timeouts.down_deadline
     request_timeout: float = Timeouts.request
     connect_timeout: float = Timeouts.connect
+    context_length: int | None = None  # --context-length (servers.facts.with_context_length)
 
 
 def open_transport(settings: DispatchSettings, headers: dict[str, str] | None = None, policy=None) -> AiohttpTransport:
@@ -139,6 +145,7 @@ class Dispatcher:
         self.request_failures = 0
         self.last_failure = ""
         self._rng = random.Random(0)
+        self._sent: set[asyncio.Task] = set()  # attempts whose request may have reached the server
 
     # -- public control -----------------------------------------------------------------
     def request_stop(self) -> None:
@@ -271,6 +278,14 @@ class Dispatcher:
             if ep is None:
                 return
             self._pop(from_retry)
+            job.max_new = self._max_new(job, ep)
+            if job.max_new < 1 or ep.facts is not None and unknown_context(ep.name, ep.facts):
+                # Known to be rejected (or, through a router, not known to fit): never sent, as a
+                # 400 at a router counts against its circuit breaker.
+                self._refuse(job, ep)
+                if self.fatal:
+                    return
+                continue
             job.attempts += 1
             ep.in_flight += 1
             ep.counts.in_flight += 1
@@ -281,16 +296,26 @@ class Dispatcher:
             ep.tasks.add(task)
 
     # -- one attempt ----------------------------------------------------------------------
+    def _refuse(self, job: Job, ep: Endpoint) -> None:
+        """Record ``job`` failed without sending it: its prompt leaves no room for output under
+        ``ep``'s context length (with the speculative reserve), or ``ep`` is a router whose context
+        length is not known (then the run stops: nothing could be sent safely)."""
+        f = ep.facts
+        refused = unknown_context(ep.name, f) if f is not None else None
+        if refused:
+            if not self.fatal:
+                self.fatal = refused  # the row is not recorded: a rerun with --context-length sends it
+            return
+        reserve = f" with its speculative reserve of {f.reserve} tokens" if f is not None and f.reserve else ""
+        ctx = f.context_length if f is not None else None
+        msg = (f"row {job.row}: prompt of {job.prompt.size} tokens leaves no room for output under {ep.name}'s "
+               f"context length {ctx}{reserve}; not sent")
+        self._record_failure(job, ep, msg, 0.0)
+
     async def _attempt(self, job: Job, ep: Endpoint) -> tuple[Outcome, frozenset[str], float]:
         t0 = time.monotonic()
-        max_new = job.max_new = self._max_new(job, ep)
-        if max_new < 1:
-            f = ep.facts
-            reserve = f" (with its speculative reserve of {f.reserve} tokens)" if f is not None and f.reserve else ""
-            ctx = f.context_length if f is not None else None
-            msg = f"row {job.row}: prompt of {job.prompt.size} tokens leaves no room for output under {ep.name}'s context length {ctx}{reserve}"
-            return Outcome(FAIL, error=msg), frozenset(), 0.0
-        outcome, rejected = await call(self.transport, ep.gen_url, self.protocol, job, job.attempts, None, ep.extras_off, max_new)
+        self._sent.add(asyncio.current_task())  # from here the request may reach the server: it counts as an attempt
+        outcome, rejected = await call(self.transport, ep.gen_url, self.protocol, job, job.attempts, None, ep.extras_off, job.max_new)
         return outcome, rejected, time.monotonic() - t0
 
     def _max_new(self, job: Job, ep: Endpoint | None) -> int:
@@ -309,11 +334,19 @@ class Dispatcher:
         self.in_flight -= 1
         self.progress.in_flight -= 1
         ep.tasks.discard(task)
+        sent = task in self._sent
+        self._sent.discard(task)
         self.wake.set()
         if task.cancelled():
+            if not sent:
+                job.attempts -= 1  # cancelled before it was sent: not an attempt
             if not self.cancelling:
-                # The endpoint was taken out: the request goes to the others.
+                # The endpoint was taken out: the request goes to the others. A request that was sent
+                # counts as an attempt, towards giving up too (``attempts`` is what was sent).
                 job.last_endpoint = ep.url
+                if sent and job.attempts >= self.s.max_attempts:
+                    self._record_failure(job, ep, f"gave up after {job.attempts} attempts; last: cancelled when {ep.name} was taken out ({ep.last_error or 'failing'})", 0.0)
+                    return
                 self._requeue_now(job)
             return
         exc = task.exception()
@@ -348,8 +381,21 @@ class Dispatcher:
         ep.last_error = outcome.error or ""
         if outcome.endpoint_fault:
             ep.fails += 1
-            if ep.healthy and (outcome.refused or ep.fails >= self.s.fail_threshold):
+            # An SGLang router has retried across its workers already and is re-sending the other
+            # requests in flight: it is taken out only when it refuses connections itself (its
+            # health path, /health_generate, says whether a worker is healthy behind it).
+            router = ep.facts is not None and ep.facts.router is not None
+            if ep.healthy and (outcome.refused or (ep.fails >= self.s.fail_threshold and not router)):
                 self.health.take_out(ep, outcome.error or "failing")
+            elif router and says_no_workers(outcome.error):
+                # The router sent it to no worker (none healthy, or every circuit open): not an
+                # attempt; dqa stops sending there until its health path answers 200 again.
+                self.health.pause(ep, "the router has no available worker")
+                job.attempts -= 1
+                if not self.stopping:
+                    job.last_endpoint = ep.url
+                    self._requeue_now(job)
+                return
         if self.stopping:
             return  # not recorded: a rerun regenerates it
         if job.attempts >= self.s.max_attempts:

@@ -31,6 +31,8 @@ class Protocol:
 
     name = ""
     path = ""
+    # The sampling_params keys every request carries (what run.json's router sampling_fields judge).
+    sampling_keys: tuple[str, ...] = ()
 
     def body(self, job, attempt: int, extras_off: frozenset[str], max_new: int) -> bytes:
         raise NotImplementedError

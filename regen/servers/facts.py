@@ -23,6 +23,7 @@ endpoint that was not up at start-up, once it becomes healthy) ask ``discover``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -30,6 +31,7 @@ from typing import Any, Callable
 from dqa.regen.wire.transport import Transport, TransportError
 
 from . import sglang_releases as sg
+from . import sglang_router as router
 
 SGLANG = "sglang"
 OPENAI = "openai"
@@ -49,6 +51,10 @@ class ServerFacts:
     complete: bool = False  # the server answered the info requests (not still starting)
     # openai protocol: the chat route takes input_ids and returns response_token_ids (None: not known)
     token_ids: bool | None = None
+    # An SGLang router (sglang-router) in front of workers: what dqa learnt through it (None: not a
+    # router). Keys: release_assumed, workers (their URLs), workers_answered, context_from
+    # ("workers" | "--context-length" | null), sampling_fields ({key: "applied" | "dropped"}).
+    router: dict[str, Any] | None = None
 
     @property
     def inclusive(self) -> bool:
@@ -83,12 +89,21 @@ class ServerFacts:
             # --protocol openai: token-exact (input_ids in, response_token_ids out) or text (the
             # reply rendered back into tokens); null for --protocol sglang or when not known
             "openai_route": None if self.token_ids is None else ("token-exact" if self.token_ids else "text"),
+            # through an SGLang router: its workers and what it passes on (null: not a router)
+            "router": self.router,
         }
 
 
 def facts_from(server_info: Any, models: Any) -> ServerFacts:
     """``ServerFacts`` from the parsed ``/server_info`` and ``/v1/models`` replies (either may be None)."""
     f = ServerFacts()
+    if router.is_router(server_info):
+        # The router's own object: no version, context length or speculative settings; those are
+        # the workers' (``discover`` asks them). Its requests are SGLang's.
+        f.kind = SGLANG
+        f.router = {"release_assumed": router.RELEASE, "workers": [], "workers_answered": 0, "context_from": None,
+                    "sampling_fields": None}
+        server_info = None
     if isinstance(server_info, dict) and server_info:
         info = dict(server_info)
         nested = info.get("server_args")  # some releases nest the arguments
@@ -121,6 +136,52 @@ def facts_from(server_info: Any, models: Any) -> ServerFacts:
     return f
 
 
+def through_router(f: ServerFacts, workers: list[str], found: list[ServerFacts]) -> None:
+    """Fill in a router's facts ``f`` (in place) from what its workers (``workers``, their URLs)
+    said (``found``, in that order): the smallest context length, the largest speculative reserve,
+    the oldest version (none when a worker did not say: the strict length check), seeds applied
+    only when every worker applies them. Workers that did not answer count for nothing."""
+    known = [w for w in found if w.complete and w.router is None]
+    assert f.router is not None
+    f.router.update(workers=list(workers), workers_answered=len(known))
+    if not known:
+        return
+    lengths = [w.context_length for w in known if w.context_length]
+    if lengths:
+        f.context_length = min(lengths)
+        f.router["context_from"] = "workers"
+    f.reserve = max(w.reserve for w in known)
+    versions = [sg.parse_version(w.version) for w in known]
+    if all(v is not None for v in versions):
+        f.version = known[min(range(len(known)), key=lambda i: versions[i])].version
+    f.deterministic = all(bool(w.deterministic) for w in known)
+    f.model = f.model or known[0].model
+
+
+def with_context_length(f: ServerFacts, n: int | None) -> None:
+    """Apply ``--context-length n`` to ``f`` (in place): the smaller of ``n`` and what the server
+    said, the server's when ``n`` is None."""
+    if not n:
+        return
+    if f.context_length is None or n < f.context_length:
+        f.context_length = n
+        if f.router is not None:
+            f.router["context_from"] = "--context-length"
+
+
+def unknown_context(name: str, f: ServerFacts) -> str | None:
+    """The usage error for a router whose context length is not known (dqa would send
+    ``max_new_tokens`` uncapped, and every over-length 400 counts against the router's circuit
+    breaker); None otherwise."""
+    if f.router is None or f.context_length:
+        return None
+    r = f.router
+    why = (f"none of its {len(r['workers'])} workers (GET /workers) answered /server_info or /v1/models from here"
+           if r["workers"] else "GET /workers lists no worker")
+    return (f"{name}: an SGLang router, and dqa cannot learn its workers' context length ({why}); "
+            "pass --context-length N (the workers' --context-length; less their speculative reserve when they use one)")
+
+
 async def _get_json(transport: Transport, url: str, timeout: float) -> tuple[int | None, Any]:
     """(status, parsed JSON or None); status None when nothing answered."""
     try:
@@ -135,9 +196,11 @@ async def _get_json(transport: Transport, url: str, timeout: float) -> tuple[int
         return status, None
 
 
-async def discover(transport: Transport, url: str, timeout: float) -> ServerFacts:
+async def discover(transport: Transport, url: str, timeout: float, ask_workers: bool = True) -> ServerFacts:
     """Ask one endpoint (base URL) what it is: ``/server_info`` (``/get_server_info``) and
-    ``/v1/models``, each answering within ``timeout`` seconds. Never raises for server behaviour."""
+    ``/v1/models``, each answering within ``timeout`` seconds; for an SGLang router (with
+    ``ask_workers``), also the workers ``GET /workers`` lists, all at once (``through_router``).
+    Never raises for server behaviour."""
     info = None
     for path in ("/server_info", "/get_server_info"):
         status, obj = await _get_json(transport, url + path, timeout)
@@ -145,7 +208,14 @@ async def discover(transport: Transport, url: str, timeout: float) -> ServerFact
             info = obj
             break
     _, models = await _get_json(transport, url + "/v1/models", timeout)
-    return facts_from(info, models)
+    f = facts_from(info, models)
+    if f.router is not None and ask_workers:
+        # A router answers for itself: the facts that matter are its workers'.
+        _, listing = await _get_json(transport, url + "/workers", timeout)
+        workers = router.worker_urls(listing)
+        found = await asyncio.gather(*[discover(transport, w, timeout, ask_workers=False) for w in workers])
+        through_router(f, workers, list(found))
+    return f
 
 
 async def route_status(transport: Transport, url: str, timeout: float) -> int | None:
@@ -180,6 +250,10 @@ def describe(name: str, f: ServerFacts) -> str:
         parts.append(f"context {f.context_length}")
     if f.reserve:
         parts.append(f"speculative reserve {f.reserve}")
+    if f.router is not None:
+        r = f.router
+        parts.append(f"through an SGLang router ({r['workers_answered']} of {len(r['workers'])} workers answered"
+                     + (f"; context from {r['context_from']}" if r["context_from"] else "") + ")")
     if f.token_ids is not None:
         parts.append("chat route token-exact (input_ids, response_token_ids)" if f.token_ids else "chat route text (rendered back into tokens)")
     return f"{name}: " + ", ".join(parts)

@@ -46,6 +46,7 @@ class SglangProtocol(Protocol):
         self.model = model or ""
         sp = sampling.as_dict()
         sp.pop("max_new_tokens")
+        self.sampling_keys = (*sp, "max_new_tokens", "sampling_seed")
         self._sp_head = json.dumps(sp)[:-1].encode()  # '{"temperature": ..., "top_k": 20' (no closing brace)
 
     def body(self, job: Job, attempt: int, extras_off: frozenset[str], max_new: int) -> bytes:

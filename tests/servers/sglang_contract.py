@@ -104,7 +104,8 @@ chunk in a stream, an ``{"error": ...}`` body otherwise), ``latency_s`` + ``late
 (+ ``per_token_s`` per output token), ``startup_delay_s`` / ``starting_for_s`` (health 503,
 requests wait), ``healthy`` false (health 503), ``die_after`` N (the process exits when the
 N+1-th generate request arrives). ``GET /_control`` returns the faults and counters,
-``GET /_requests`` the last requests seen (rid, outcome), ``POST /_control {"exit": true}``
+``GET /_requests`` the last requests seen (rid, outcome, and for answered ones the
+``sampling_keys`` that arrived), ``POST /_control {"exit": true}``
 ends the process at once.
 
 The SGLang release it stands for is ``--sglang-version`` (default 0.5.23, the newest SGLANG.md
@@ -492,10 +493,13 @@ class State:
             return seed
         return self.unseeded.getrandbits(62)
 
-    def record(self, rid: str | None, outcome: str, n_input: int = 0) -> None:
+    def record(self, rid: str | None, outcome: str, n_input: int = 0, sampling_keys: list[str] | None = None) -> None:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
         if self.args.request_log_size:
-            self.recent.append({"rid": rid, "outcome": outcome, "n_input": n_input})
+            entry = {"rid": rid, "outcome": outcome, "n_input": n_input}
+            if sampling_keys is not None:  # the sampling_params keys that arrived (what a router passed on)
+                entry["sampling_keys"] = sampling_keys
+            self.recent.append(entry)
 
     def log(self, msg: str) -> None:
         ts = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -848,8 +852,8 @@ async def handle_generate(request):
                 results = await asyncio.gather(*[_generate_one(st, p, sp, r) for p, sp, r in zip(prompts, sps, rids)])
             else:
                 results = [await _generate_one(st, prompts[0], sps[0], rids[0])]
-            for r, p in zip(rids, prompts):
-                st.record(r, "ok", len(p))
+            for r, p, sp in zip(rids, prompts, sps):
+                st.record(r, "ok", len(p), sorted(sp) if isinstance(sp, dict) else None)
         return _json(results if batch else results[0])
     except _Stop as stop:
         return stop.response if stop.response is not None else web.Response(status=500)
