@@ -15,7 +15,8 @@ FAILING_RED = "#d1495b"  # svg.PALETTE[0]
 def round_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
     """One dict per round that regenerated: ``round``, ``selected``, ``regenerated_ok``,
     ``still_failing`` (None while the round has not rescanned), ``reasons`` ({reason: rows}),
-    ``output_tokens``, ``elapsed_s``, ``cost_usd``, ``cannot_fit``, ``context``, ``changes``
+    ``output_tokens``, ``elapsed_s``, ``cost_usd``, ``cannot_fit``, ``context``, ``held_back``
+    (failing rows the round did not send: they cannot fit in the servers' context), ``changes``
     (the option changes the round started with, each ``{option, from, to, why}``)."""
     rows = []
     for r in state.get("rounds") or []:
@@ -32,6 +33,7 @@ def round_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
             "cost_usd": float(r.get("cost_usd") or 0.0),
             "cannot_fit": int(r.get("cannot_fit") or 0),
             "context": r.get("context"),
+            "held_back": int(r.get("held_back") or 0),
             "changes": [c for c in (r.get("changes") or []) if isinstance(c, dict)],
         })
     return rows
@@ -79,8 +81,10 @@ def stop_line(state: dict[str, Any]) -> str:
     budget = (state.get("options") or {}).get("budget_usd")
     left = f", {_money(float(budget) - float(f.get('spent_usd') or 0.0))} of the {_money(float(budget))} budget left" if budget else ""
     gate = "passed" if f.get("gate_passed") else "failed"
+    full = int(f.get("cannot_fit") or 0)
     return (f"release {f.get('out')}: gate {gate}; stopped: {f.get('stop')}; {int(f.get('still_failing') or 0):,} samples still failing"
-            f"; spent {_money(float(f.get('spent_usd') or 0.0))}{left}")
+            + (f" ({full:,} cannot fit in the servers' context)" if full else "")
+            + f"; spent {_money(float(f.get('spent_usd') or 0.0))}{left}")
 
 
 def html_section(state: dict[str, Any]) -> str:
@@ -109,6 +113,8 @@ def html_section(state: dict[str, Any]) -> str:
     for r in rows:
         for c in r["changes"]:
             notes.append(f"round {r['round']}: {c.get('option')} {c.get('from')} → {c.get('to')} ({c.get('why')})")
+        if r["held_back"]:
+            notes.append(f"round {r['round']}: {r['held_back']:,} failing samples held back (they cannot fit in the servers' context)")
         if r["cannot_fit"] and r["context"]:
             notes.append(f"round {r['round']}: {r['cannot_fit']:,} samples cannot fit in {int(r['context']):,} tokens of context")
     notes_html = "".join(f'<li>{esc(n)}</li>' for n in notes)

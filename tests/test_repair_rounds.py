@@ -205,15 +205,17 @@ def test_failed_drop_leaves_the_failing_rows_out_of_a_folder_release(fmt, tmp_pa
     assert back.column("input_ids").to_pylist() == [merged.column("input_ids")[i].as_py() for i in kept]
 
 
-def test_rows_cut_at_the_servers_context_are_named_and_the_others_get_a_larger_limit(tmp_path, small_set):
+def test_rows_cut_at_the_servers_context_are_held_back_and_the_others_get_a_larger_limit(tmp_path, small_set):
     """Every first answer is cut (a thought that never ends). With a 400-token context and
     --max-new-tokens 128, rows whose prompt leaves under 128 tokens were cut at the context: they
-    cannot fit; the others get 256 in round 2, as much as the context allows."""
+    cannot fit. The others get 256 in round 2, as much as the context allows; the rows that cannot
+    fit are held back (never sent again), stay failing with that note, and once only they are
+    left the loop stops: nothing regenerable."""
     work = tmp_path / "work"
     with StubServer(tmp_path / "stub", "--vocab", "qwen3.6", "--enable-deterministic-inference", "--content-fault-share", "1",
                     "--content-fault-kinds", "cut", "--context-length", "400") as server:
         proc = dqa(tmp_path, "repair", small_set, "-e", server.url, "-t", "qwen3.6", "--out", tmp_path / "v2.parquet",
-                   "--work", work, "--rounds", "2", "--max-new-tokens", "128", ok=(0, 1))
+                   "--work", work, "--rounds", "4", "--max-new-tokens", "128", ok=(1,))
     rounds = record(work)["rounds"]
     shards = pads.dataset(str(work / "round-1" / "regen" / "shards"), format="parquet").to_table().to_pylist()
     cut = [s for s in shards if s["status"] == "length"]
@@ -228,11 +230,31 @@ def test_rows_cut_at_the_servers_context_are_named_and_the_others_get_a_larger_l
     assert {"option": "max_new_tokens", "from": 128, "to": 256, "why": f"{len(cut):,} samples were cut by the length limit"} \
         in rounds[1]["changes"]
     assert rounds[1]["max_new_tokens"] == 256
-    # what still fails at the end and was cut at the context carries the note
+    # round 2 holds back the rows that cannot fit: it selects the others only, and never sends them
+    r2 = rounds[1]
+    assert r2["held_back_rows"] == at_context and r2["held_back"] == len(at_context)
+    assert r2["selected"] == r1["still_failing"] - len(at_context) > 0
+    assert f"{len(at_context):,} held back (cannot fit), {r2['selected']:,} left to regenerate" in proc.stderr
+    held = set()
+    for k, r in enumerate(rounds, start=1):
+        sent = {s["row"] for s in pads.dataset(str(work / f"round-{k}" / "regen" / "shards"), format="parquet").to_table(columns=["row"])
+                .to_pylist()}
+        assert len(sent) == r["selected"] and not sent & held  # a held row is never selected again
+        held |= set(r["cannot_fit_rows"])
+    # the loop stopped when only rows that cannot fit were left, before --rounds 4
     final = record(work)["final"]
-    last_full = set(rounds[-1]["cannot_fit_rows"])
-    for r in final["still_failing_rows"]:
-        assert (r.get("note") == "cannot fit in 400 tokens of context") == (r["row"] in last_full)
+    failing = {r["row"] for r in final["still_failing_rows"]}
+    assert final["stop"] == "nothing regenerable" and len(rounds) < 4 and final["exit_code"] == 1
+    assert failing and failing <= held and final["cannot_fit"] == len(failing) == final["still_failing"]
+    assert set(at_context) <= failing
+    # ... listed with their reasons and the note, in repair.json and in the report
+    assert all(r["note"] == "cannot fit in 400 tokens of context" and r["reasons"] for r in final["still_failing_rows"])
+    assert f"{len(failing):,} of them cannot fit in the servers' context" in proc.stdout
+    report = dqa(tmp_path, "report", work)
+    shown = " ".join(report.stdout.split())  # the table's caption wraps at the table's width
+    assert f"stopped: nothing regenerable; {len(failing):,} samples still failing ({len(failing):,} cannot fit" in shown
+    page = (work / "report.html").read_text()
+    assert f"round 2: {len(at_context):,} failing samples held back (they cannot fit in the servers&#x27; context)" in page
 
 
 # --------------------------------------------------------------------------- a multi-turn set

@@ -136,12 +136,11 @@ def plan_round(rows: int, earlier: list[dict[str, Any]], regen: dict[str, Any], 
 class RegenFigures:
     """What a round's regen run tells the next round: ``cut`` samples ended by the length limit,
     ``cannot_fit`` of them already at the servers' ``context`` (None: unknown; their dataset rows
-    in ``cannot_fit_rows``), and whether the round fixed nothing (``no_progress``)."""
+    in ``cannot_fit_rows``: later rounds hold them back)."""
 
     cut: int
     cannot_fit: int
     context: int | None
-    no_progress: bool
     cannot_fit_rows: tuple[int, ...] = ()
 
     def next_max_new(self, max_new: int) -> int | None:
@@ -179,11 +178,10 @@ def _cut_and_full(regen_dir: Path) -> tuple[int, list[int], int | None]:
     return cut.num_rows, sorted(int(r) for r in pc.unique(full).to_pylist()), context
 
 
-def regen_figures(rec: dict[str, Any], regen_dir: Path, selected: int) -> RegenFigures:
-    """The ``RegenFigures`` of round ``rec`` (its repair.json record) and its run folder."""
+def regen_figures(regen_dir: Path) -> RegenFigures:
+    """The ``RegenFigures`` of a round's regen run folder."""
     cut, full, context = _cut_and_full(regen_dir)
-    return RegenFigures(cut, len(full), context, no_progress=int(rec.get("still_failing") or 0) >= selected,
-                        cannot_fit_rows=tuple(full))
+    return RegenFigures(cut, len(full), context, cannot_fit_rows=tuple(full))
 
 
 def _context(regen_dir: Path) -> tuple[int | None, int]:
