@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
@@ -60,10 +61,15 @@ def test_each_round_prints_its_plan_from_the_last_rounds_mean_and_the_throughput
     rounds = record(work)["rounds"]
     assert len(rounds) >= 2
     r1, r2 = rounds[0], rounds[1]
-    # round 1: no throughput yet, so the estimate is --max-new-tokens per turn, an upper bound, and says so
-    assert r1["plan"]["basis"] == "max_new_tokens" and r1["plan"]["cost_usd"] is None
+    # round 1: no throughput yet, so the estimate is --max-new-tokens per turn it regenerates, an upper
+    # bound, and says so; the example set has two- and three-turn rows, so there are more turns than rows,
+    # and never fewer than the turns round 1 sent (one shard record each)
+    turns = r1["plan"]["turns"]
+    sent = pads.dataset(str(work / "round-1" / "regen" / "shards"), format="parquet").to_table(columns=["row"]).num_rows
+    assert r1["plan"]["basis"] == "max_new_tokens" and r1["plan"]["cost_usd"] is None and turns >= sent > r1["selected"]
+    assert r1["plan"]["tokens"] == turns * 512
     assert (f"round 1: {r1['selected']:,} samples to regenerate; plan: {r1['selected']:,} rows, at most "
-            f"{r1['selected'] * 512:,} output tokens (512 per turn: --max-new-tokens, an upper bound); "
+            f"{turns * 512:,} output tokens (512 per turn x {turns:,} turns: --max-new-tokens, an upper bound); "
             "no throughput measured yet") in proc.stderr
     # round 2: the rows still failing x round 1's mean output tokens per sample, at round 1's throughput and cost per second
     mean = r1["output_tokens"] / r1["selected"]
@@ -312,12 +318,35 @@ def test_a_multi_turn_set_repairs_in_its_own_convention(convention, tmp_path, mt
     rounds = rec["rounds"]
     assert len(rounds) >= 2 and rounds[0]["still_failing"] > 0 and rounds[-1]["still_failing"] == 0
     assert rounds[0]["selected"] == len(DEGENERATE)
+    # round 1's upper bound counts the turns it regenerates: each row's flagged turn 1 (0-based) and the turn after it
+    turns = 2 * len(DEGENERATE)
+    assert rounds[0]["plan"]["turns"] == turns and rounds[0]["plan"]["tokens"] == turns * 512
+    assert f"plan: {len(DEGENERATE):,} rows, at most {turns * 512:,} output tokens (512 per turn x {turns:,} turns: " in proc.stderr
+    sent = pads.dataset(str(work / "round-1" / "regen" / "shards"), format="parquet").to_table(columns=["row"])
+    assert sent.num_rows <= turns  # one shard record per turn sent: never more than the bound counted
     after = scan(out, tmp_path / "rescan", tok)
     same_conventions(before, after)
     assert after["failing_rows"] == 0, {k: v["count"] for k, v in after["checks"].items() if v["count"]}
     assert pq.read_schema(out).names == pq.read_schema(src).names + ["dqa_regen"]
     assert turn_masks(out) == turn_masks(src)  # every assistant turn trained; the ends of turn as the input had them
     assert pq.read_table(out).column("input_ids").to_pylist() != pq.read_table(src).column("input_ids").to_pylist()
+
+
+def test_round_1s_upper_bound_counts_the_turns_each_turns_mode_regenerates(tmp_path):
+    """--turns flagged: from a row's first flagged turn to its last (no flagged turn, or one past
+    the row's turns: the final one); all: every assistant turn; last: one per row."""
+    from dqa.repair.budget import plan_round, turns_to_regenerate
+
+    pq.write_table(pa.table({"row": pa.array([0, 2, 5], pa.int64()), "reasons": [["short_response"], ["no_loss"], ["truncated"]],
+                             "turns": pa.array([[2, 1], [], [7]], pa.list_(pa.int32()))}), tmp_path / "findings.parquet")
+    pq.write_table(pa.table({"row": pa.array(range(6), pa.int64()), "assistant_turns": pa.array([4, 1, 3, 1, 1, 2], pa.int64())}),
+                   tmp_path / "metrics.parquet")
+    assert turns_to_regenerate(tmp_path, "flagged") == (4 - 1) + 1 + 1
+    assert turns_to_regenerate(tmp_path, "all") == 4 + 3 + 2
+    assert turns_to_regenerate(tmp_path, "last") == 3
+    bound = plan_round(3, [], {}, None, 0.0, max_new_tokens=100, turns=turns_to_regenerate(tmp_path, "all"))
+    assert (bound.rows, bound.turns, bound.tokens) == (3, 9, 900)
+    assert "at most 900 output tokens (100 per turn x 9 turns: --max-new-tokens, an upper bound)" in bound.describe()
 
 
 def test_a_calibrated_round_1_is_priced_at_the_fleet_files_gpus(tmp_path):

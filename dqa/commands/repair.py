@@ -44,7 +44,8 @@ def repair(
     (and the next would not get more tokens), or before a round whose plan would pass
     --budget-usd. Before each round its plan is printed: its samples x the mean output tokens of
     the last round, at the fleet throughput measured so far; round 1 from --plan's calibration,
-    else at most --max-new-tokens per turn (time and cost unknown until it ran). The last line
+    else at most --max-new-tokens per turn it regenerates (counted from the scan and --turns; time
+    and cost unknown until it ran). The last line
     says what was spent and what is left. Rerunning the same command
     after a crash or kill -9 continues where it stopped; the work folder refuses another dataset
     or other options.

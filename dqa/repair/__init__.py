@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from dqa.audit.scan_folder import findings_file
 from dqa.errors import EXIT_OK, EXIT_QUALITY, InputError, UsageError
-from dqa.repair.budget import RoundPlan, cut_rows, plan_round, read_calibration, regen_figures
+from dqa.repair.budget import RoundPlan, cut_rows, plan_round, read_calibration, regen_figures, turns_to_regenerate
 from dqa.repair.held import SELECT_DIR, cannot_fit_note, failing_rows, held_back, write_selection
 from dqa.repair.work import WorkFolder, default_work_dir
 
@@ -152,8 +152,9 @@ def repair(dataset: str | Path, out: str | Path, options: RepairOptions, *, work
         # 2. the plan, and the budget
         if "regen" not in rec["done"]:
             mn = rec.get("max_new_tokens") or max_new
+            turns = turns_to_regenerate(scan_dir, regen_opts.get("turns") or _default_turns()) if k == 1 else None
             plan = plan_round(selected, wf.state["rounds"][: k - 1], regen_opts, options.budget_usd, spent,
-                              max_new_tokens=mn or _default_max_new(), calibration=calibration)
+                              max_new_tokens=mn or _default_max_new(), calibration=calibration, turns=turns)
             say(f"round {k}: {selected:,} samples to regenerate; {plan.describe()}")
             if plan.over_budget:
                 stop = "budget"
@@ -242,6 +243,12 @@ def _default_max_new() -> int:
     from dqa.regen.config import DEFAULT_MAX_NEW_TOKENS
 
     return DEFAULT_MAX_NEW_TOKENS
+
+
+def _default_turns() -> str:
+    from dqa.regen.config import DEFAULT_TURNS
+
+    return DEFAULT_TURNS
 
 
 def _drop_round(wf: WorkFolder, k: int) -> None:
