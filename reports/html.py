@@ -496,6 +496,23 @@ def render_report(inp: ReportInputs) -> str:
         _section_regen(inp),
         _section_validation(inp),
     ])
+    return _document(title, body)
+
+
+def render_repair_only(repair: dict[str, Any]) -> str:
+    """The report of a repair work folder whose round-1 scan is not there (the repair stopped
+    before it, or a reused scan was removed): the ``Repair rounds`` section alone, as one HTML document."""
+    from dqa import __version__
+
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    title = f"dqa report: {Path(str(repair.get('dataset', ''))).name}"
+    body = (f"<h1>{esc(title)}</h1><p class=\"sub\">{esc('repair ' + str(repair.get('work', '')))} · generated {esc(now)} by dqa "
+            f"{esc(__version__)}</p>{repair_section(repair)}")
+    return _document(title, body)
+
+
+def _document(title: str, body: str) -> str:
+    """One self-contained HTML document: ``body`` under ``title``, the inline CSS, no scripts."""
     csp = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

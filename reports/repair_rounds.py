@@ -87,10 +87,29 @@ def stop_line(state: dict[str, Any]) -> str:
             + f"; spent {_money(float(f.get('spent_usd') or 0.0))}{left}")
 
 
+def not_started_lines(state: dict[str, Any]) -> list[str]:
+    """What repair.json's ``final.not_started`` says of the round the budget refused: ``["round K
+    not started: WHY", "round K: N samples to regenerate (scan DIR); plan: ..."]``; ``[]`` when every round that was planned ran. For a
+    work folder where no round ran, ``["no round ran"]`` first."""
+    f = state.get("final") or {}
+    ns = f.get("not_started") if isinstance(f.get("not_started"), dict) else None
+    lines = [] if round_rows(state) else ["no round ran (nothing was regenerated)"]
+    if ns:
+        lines.append(f"round {ns.get('round')} not started: {ns.get('why')}")
+        lines.append(f"round {ns.get('round')}: {int(ns.get('selected') or 0):,} samples to regenerate (scan {ns.get('scan')}); "
+                     f"{ns.get('plan_line')}")
+    elif not round_rows(state) and state.get("status") != "finished":
+        lines.append("the repair stopped before round 1's regen run began")
+    return lines
+
+
 def html_section(state: dict[str, Any]) -> str:
     """The ``Repair rounds`` section of the HTML report: the chart of failing samples per round, the
     per-round table with its total row, the option changes and how the repair ended."""
     rows = round_rows(state)
+    waiting = "".join(f'<p class="note">{esc(line)}</p>' for line in not_started_lines(state))
+    if not rows:
+        return f'<section><h2>Repair rounds</h2><p class="note">{esc(stop_line(state))}</p>{waiting}</section>'
     labels, values = failing_per_round(state)
     svg = grouped_bars("Failing samples per round", labels, [Series("failing samples", [float(v) for v in values], FAILING_RED)],
                        "samples", "after each round (input: before round 1)")
@@ -119,7 +138,7 @@ def html_section(state: dict[str, Any]) -> str:
             notes.append(f"round {r['round']}: {r['cannot_fit']:,} samples cannot fit in {int(r['context']):,} tokens of context")
     notes_html = "".join(f'<li>{esc(n)}</li>' for n in notes)
     return (f'<section><h2>Repair rounds</h2><p class="note">{esc(stop_line(state))}</p>{svg}'
-            f"<table>{head}{''.join(body)}</table>" + (f"<ul class=\"note\">{notes_html}</ul>" if notes else "") + "</section>")
+            f"<table>{head}{''.join(body)}</table>" + (f"<ul class=\"note\">{notes_html}</ul>" if notes else "") + waiting + "</section>")
 
 
 def terminal_table(state: dict[str, Any]) -> Any:

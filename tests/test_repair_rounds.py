@@ -113,6 +113,26 @@ def test_round_1_is_not_started_when_the_plans_calibration_says_it_would_exceed_
     assert proc.stdout.strip().endswith("spent $0.00, $1.00 of the $1.00 budget left")
     # nothing was sent (the endpoint is a closed port), and the release is the dataset as it was
     assert pq.read_table(out).equals(pq.read_table(small_set))
+    # dqa report on the work folder shows what it holds: the refused plan, why, how the repair ended
+    refused = rec["final"]["not_started"]
+    assert refused["round"] == 1 and refused["selected"] == selected and refused["plan"]["cost_usd"] == pytest.approx(cost)
+    report = dqa(tmp_path, "report", work)
+    shown = report.stdout.splitlines()
+    assert shown[:2] == [f"dqa repair · {small_set.resolve()}", "no round ran (nothing was regenerated)"]
+    assert f"round 1 not started: it would cost ~${cost:,.2f}, over the $1.00 left of the budget" in shown
+    assert any(ln.startswith(f"round 1: {selected:,} samples to regenerate (scan {work.resolve() / 'round-1' / 'scan'}); plan: "
+                             f"{selected:,} rows, ~{tokens:,.0f} output tokens") for ln in shown)
+    assert f"release {out.resolve()}: gate failed; stopped: budget; {selected:,} samples still failing; spent $0.00, $1.00 of the " \
+        "$1.00 budget left" in shown
+    assert shown[-1] == str(work / "report.html")
+    page = html.unescape((work / "report.html").read_text())
+    assert "<h2>Repair rounds</h2>" in page and "<h2>Scan</h2>" in page  # above the dataset's scan
+    assert f"round 1 not started: it would cost ~${cost:,.2f}" in page and "Failing samples per round" not in page
+    # without the scan (removed), the page is the repair's record alone
+    shutil.rmtree(work / "round-1" / "scan")
+    dqa(tmp_path, "report", work, "--quiet")
+    page = html.unescape((work / "report.html").read_text())
+    assert "<h2>Repair rounds</h2>" in page and "<h2>Scan</h2>" not in page and "round 1 not started" in page
 
 
 def test_a_plan_file_without_a_calibration_is_refused(tmp_path, small_set):

@@ -125,6 +125,7 @@ def repair(dataset: str | Path, out: str | Path, options: RepairOptions, *, work
     src, scan_dir = dataset, None
     stop, spent = "rounds", 0.0
     stalled = False  # the last round fixed none of the rows it sent
+    not_started: dict[str, Any] | None = None  # the round the budget refused: its plan and why
     for k in range(1, options.rounds + 1):
         rec = wf.round(k)
         rdir = wf.round_dir(k)
@@ -158,6 +159,8 @@ def repair(dataset: str | Path, out: str | Path, options: RepairOptions, *, work
             say(f"round {k}: {selected:,} samples to regenerate; {plan.describe()}")
             if plan.over_budget:
                 stop = "budget"
+                not_started = {"round": k, "selected": selected, "scan": str(scan_dir), "plan": plan.as_dict(),
+                               "plan_line": plan.describe(), "why": plan.describe_budget()}
                 _drop_round(wf, k)
                 say(f"round {k} not started: {plan.describe_budget()}")
                 break
@@ -229,6 +232,9 @@ def repair(dataset: str | Path, out: str | Path, options: RepairOptions, *, work
     cannot_fit = sum(1 for r in failing_list if "note" in r)
     wf.state["final"].update(stop=stop, still_failing=still, still_failing_reasons=reasons, cannot_fit=cannot_fit,
                              still_failing_rows=failing_list, spent_usd=round(spent, 4), gate_passed=gate.passed, exit_code=code)
+    wf.state["final"].pop("not_started", None)
+    if not_started is not None:
+        wf.state["final"]["not_started"] = not_started
     wf.state["status"] = "finished"
     wf.save()
     left = f", ${options.budget_usd - spent:,.2f} of the ${options.budget_usd:,.2f} budget left" if options.budget_usd is not None else ""
