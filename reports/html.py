@@ -469,7 +469,7 @@ code{font:12px ui-monospace,Menlo,Consolas,monospace}.why{color:#5b6475;font-siz
 .verdict{font-weight:700;font-size:16px}.verdict.ok{color:#2d7a4a}.verdict.bad{color:#b3261e}
 svg.chart{width:100%;max-width:980px;height:auto;display:block;margin:8px 0}
 svg .ct{font-size:14px;font-weight:600;fill:#1d2330}svg .tick{font-size:11px;fill:#5b6475}svg .axl{font-size:12px;fill:#1d2330}
-svg .lg{font-size:12px;fill:#1d2330}svg .grid{stroke:#e6e9ef;stroke-width:1}svg .axis{stroke:#9aa3b2;stroke-width:1}
+svg .lg{font-size:12px;fill:#1d2330}svg .val{font-size:12px;font-weight:600;fill:#1d2330}svg .grid{stroke:#e6e9ef;stroke-width:1}svg .axis{stroke:#9aa3b2;stroke-width:1}
 svg .gap{fill:#e9ecf2;opacity:.7}svg .gapl{font-size:11px;fill:#8a93a3}
 """
 

@@ -112,7 +112,7 @@ def html_section(state: dict[str, Any]) -> str:
         return f'<section><h2>Repair rounds</h2><p class="note">{esc(stop_line(state))}</p>{waiting}</section>'
     labels, values = failing_per_round(state)
     svg = grouped_bars("Failing samples per round", labels, [Series("failing samples", [float(v) for v in values], FAILING_RED)],
-                       "samples", "after each round (input: before round 1)")
+                       "samples", "after each round (input: before round 1)", value_labels=True)
     head = ("<tr><th>round</th><th>selected</th><th>regenerated ok</th><th>still failing</th><th>still failing by reason</th>"
             "<th>output tokens</th><th>elapsed</th><th>cost</th></tr>")
     body = []

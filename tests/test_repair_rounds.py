@@ -167,6 +167,9 @@ def test_report_on_the_work_folder_shows_failing_samples_per_round_and_the_cost(
     bars = [html.unescape(t) for t in re.findall(r"<title>(failing samples: [^<]*)</title>", chart)]
     assert bars == [f"failing samples: input: {rounds[0]['selected']:.2f}"] + \
         [f"failing samples: round {r['round']}: {r['still_failing']:.2f}" for r in rounds]
+    # each bar says its count, a zero too (an empty bar reads as 0, not as missing), and no label overlaps another
+    values = [html.unescape(t) for t in re.findall(r'class="val">([^<]*)</text>', chart)]
+    assert values == [f"{rounds[0]['selected']:,}"] + [f"{r['still_failing']:,}" for r in rounds] and values[-1] == "0"
     assert_labels_apart(chart)
     for r in rounds:
         assert f"<td>{r['round']}</td><td class=\"n\">{r['selected']:,}</td><td class=\"n\">{r['regenerated_ok']:,}</td>" in page
