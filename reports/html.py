@@ -469,7 +469,7 @@ code{font:12px ui-monospace,Menlo,Consolas,monospace}.why{color:#5b6475;font-siz
 .verdict{font-weight:700;font-size:16px}.verdict.ok{color:#2d7a4a}.verdict.bad{color:#b3261e}
 svg.chart{width:100%;max-width:980px;height:auto;display:block;margin:8px 0}
 svg .ct{font-size:14px;font-weight:600;fill:#1d2330}svg .tick{font-size:11px;fill:#5b6475}svg .axl{font-size:12px;fill:#1d2330}
-svg .lg{font-size:12px;fill:#1d2330}svg .grid{stroke:#e6e9ef;stroke-width:1}svg .axis{stroke:#9aa3b2;stroke-width:1}
+svg .lg{font-size:12px;fill:#1d2330}svg .val{font-size:12px;font-weight:600;fill:#1d2330}svg .grid{stroke:#e6e9ef;stroke-width:1}svg .axis{stroke:#9aa3b2;stroke-width:1}
 svg .gap{fill:#e9ecf2;opacity:.7}svg .gapl{font-size:11px;fill:#8a93a3}
 """
 
@@ -496,6 +496,23 @@ def render_report(inp: ReportInputs) -> str:
         _section_regen(inp),
         _section_validation(inp),
     ])
+    return _document(title, body)
+
+
+def render_repair_only(repair: dict[str, Any]) -> str:
+    """The report of a repair work folder whose round-1 scan is not there (the repair stopped
+    before it, or a reused scan was removed): the ``Repair rounds`` section alone, as one HTML document."""
+    from dqa import __version__
+
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    title = f"dqa report: {Path(str(repair.get('dataset', ''))).name}"
+    body = (f"<h1>{esc(title)}</h1><p class=\"sub\">{esc('repair ' + str(repair.get('work', '')))} · generated {esc(now)} by dqa "
+            f"{esc(__version__)}</p>{repair_section(repair)}")
+    return _document(title, body)
+
+
+def _document(title: str, body: str) -> str:
+    """One self-contained HTML document: ``body`` under ``title``, the inline CSS, no scripts."""
     csp = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

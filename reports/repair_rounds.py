@@ -15,7 +15,8 @@ FAILING_RED = "#d1495b"  # svg.PALETTE[0]
 def round_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
     """One dict per round that regenerated: ``round``, ``selected``, ``regenerated_ok``,
     ``still_failing`` (None while the round has not rescanned), ``reasons`` ({reason: rows}),
-    ``output_tokens``, ``elapsed_s``, ``cost_usd``, ``cannot_fit``, ``context``, ``changes``
+    ``output_tokens``, ``elapsed_s``, ``cost_usd``, ``cannot_fit``, ``context``, ``held_back``
+    (failing rows the round did not send: they cannot fit in the servers' context), ``changes``
     (the option changes the round started with, each ``{option, from, to, why}``)."""
     rows = []
     for r in state.get("rounds") or []:
@@ -32,6 +33,7 @@ def round_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
             "cost_usd": float(r.get("cost_usd") or 0.0),
             "cannot_fit": int(r.get("cannot_fit") or 0),
             "context": r.get("context"),
+            "held_back": int(r.get("held_back") or 0),
             "changes": [c for c in (r.get("changes") or []) if isinstance(c, dict)],
         })
     return rows
@@ -79,17 +81,38 @@ def stop_line(state: dict[str, Any]) -> str:
     budget = (state.get("options") or {}).get("budget_usd")
     left = f", {_money(float(budget) - float(f.get('spent_usd') or 0.0))} of the {_money(float(budget))} budget left" if budget else ""
     gate = "passed" if f.get("gate_passed") else "failed"
+    full = int(f.get("cannot_fit") or 0)
     return (f"release {f.get('out')}: gate {gate}; stopped: {f.get('stop')}; {int(f.get('still_failing') or 0):,} samples still failing"
-            f"; spent {_money(float(f.get('spent_usd') or 0.0))}{left}")
+            + (f" ({full:,} cannot fit in the servers' context)" if full else "")
+            + f"; spent {_money(float(f.get('spent_usd') or 0.0))}{left}")
+
+
+def not_started_lines(state: dict[str, Any]) -> list[str]:
+    """What repair.json's ``final.not_started`` says of the round the budget refused: ``["round K
+    not started: WHY", "round K: N samples to regenerate (scan DIR); plan: ..."]``; ``[]`` when every round that was planned ran. For a
+    work folder where no round ran, ``["no round ran"]`` first."""
+    f = state.get("final") or {}
+    ns = f.get("not_started") if isinstance(f.get("not_started"), dict) else None
+    lines = [] if round_rows(state) else ["no round ran (nothing was regenerated)"]
+    if ns:
+        lines.append(f"round {ns.get('round')} not started: {ns.get('why')}")
+        lines.append(f"round {ns.get('round')}: {int(ns.get('selected') or 0):,} samples to regenerate (scan {ns.get('scan')}); "
+                     f"{ns.get('plan_line')}")
+    elif not round_rows(state) and state.get("status") != "finished":
+        lines.append("the repair stopped before round 1's regen run began")
+    return lines
 
 
 def html_section(state: dict[str, Any]) -> str:
     """The ``Repair rounds`` section of the HTML report: the chart of failing samples per round, the
     per-round table with its total row, the option changes and how the repair ended."""
     rows = round_rows(state)
+    waiting = "".join(f'<p class="note">{esc(line)}</p>' for line in not_started_lines(state))
+    if not rows:
+        return f'<section><h2>Repair rounds</h2><p class="note">{esc(stop_line(state))}</p>{waiting}</section>'
     labels, values = failing_per_round(state)
     svg = grouped_bars("Failing samples per round", labels, [Series("failing samples", [float(v) for v in values], FAILING_RED)],
-                       "samples", "after each round (input: before round 1)")
+                       "samples", "after each round (input: before round 1)", value_labels=True)
     head = ("<tr><th>round</th><th>selected</th><th>regenerated ok</th><th>still failing</th><th>still failing by reason</th>"
             "<th>output tokens</th><th>elapsed</th><th>cost</th></tr>")
     body = []
@@ -109,11 +132,13 @@ def html_section(state: dict[str, Any]) -> str:
     for r in rows:
         for c in r["changes"]:
             notes.append(f"round {r['round']}: {c.get('option')} {c.get('from')} → {c.get('to')} ({c.get('why')})")
+        if r["held_back"]:
+            notes.append(f"round {r['round']}: {r['held_back']:,} failing samples held back (they cannot fit in the servers' context)")
         if r["cannot_fit"] and r["context"]:
             notes.append(f"round {r['round']}: {r['cannot_fit']:,} samples cannot fit in {int(r['context']):,} tokens of context")
     notes_html = "".join(f'<li>{esc(n)}</li>' for n in notes)
     return (f'<section><h2>Repair rounds</h2><p class="note">{esc(stop_line(state))}</p>{svg}'
-            f"<table>{head}{''.join(body)}</table>" + (f"<ul class=\"note\">{notes_html}</ul>" if notes else "") + "</section>")
+            f"<table>{head}{''.join(body)}</table>" + (f"<ul class=\"note\">{notes_html}</ul>" if notes else "") + waiting + "</section>")
 
 
 def terminal_table(state: dict[str, Any]) -> Any:

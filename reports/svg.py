@@ -19,7 +19,8 @@ from dqa.formatting import human_count
 PALETTE = ("#d1495b", "#2e86ab", "#66a182", "#edae49", "#8d6a9f")
 W, H = 760, 300
 PAD_L, PAD_R, PAD_T, PAD_B = 64, 16, 36, 56
-TICK_PX, LEGEND_PX, TITLE_PX = 11, 12, 14  # font sizes of the classes tick, lg, ct (html.CSS)
+TICK_PX, LEGEND_PX, TITLE_PX, VALUE_PX = 11, 12, 14, 12  # font sizes of the classes tick, lg, ct, val (html.CSS)
+VALUE_HEADROOM = 1.15  # with value labels the y axis reaches 15% past the tallest bar: its label stays in the plot
 EM_PER_CHAR = 0.62  # an upper bound of the mean advance of digits, letters and unit signs in system sans fonts
 LABEL_GAP = 6.0  # least space between two neighbouring labels
 
@@ -113,15 +114,17 @@ def _legend(series: Sequence[Series]) -> list[str]:
 
 
 def grouped_bars(title: str, bin_labels: Sequence[str], series: Sequence[Series], y_label: str, x_label: str,
-                 percent: bool = False, edge_labels: Sequence[str] | None = None) -> str:
+                 percent: bool = False, edge_labels: Sequence[str] | None = None, value_labels: bool = False) -> str:
     """A histogram with one bar per series in each bin; returns the ``<svg>`` element as text.
 
     ``bin_labels`` name the bins (in tooltips, and under the bins); with ``edge_labels`` (one
     more than the bins: each bin's lower bound, then the last bin's upper bound) the axis is
-    labelled at the bin boundaries instead, which keeps labels short.
+    labelled at the bin boundaries instead, which keeps labels short. ``value_labels`` writes each
+    bar's value above it (``1,234``; a zero too, so an empty bar reads as 0, not as missing),
+    where the bar is wide enough for it; the y axis then leaves room above the tallest bar.
     """
     top = max((max(s.values) if len(s.values) else 0.0) for s in series) if series else 0.0
-    ticks = nice_ticks(top or 1.0)
+    ticks = nice_ticks((top or 1.0) * (VALUE_HEADROOM if value_labels else 1.0))
     ymax = ticks[-1] or 1.0
     plot_h = H - PAD_T - PAD_B
 
@@ -142,6 +145,9 @@ def grouped_bars(title: str, bin_labels: Sequence[str], series: Sequence[Series]
             tip = f"{s.name}: {label}: {v:.2f}{'%' if percent else ''}"
             parts.append(f'<rect x="{x0 + i * bar_w:.1f}" y="{y:.1f}" width="{bar_w:.1f}" height="{max(0.0, H - PAD_B - y):.1f}" '
                          f'fill="{color}"><title>{esc(tip)}</title></rect>')
+            text = f"{v:,.1f}%" if percent else f"{v:,.0f}"
+            if value_labels and text_width(text, VALUE_PX) + 2 <= bar_w:
+                parts.append(f'<text x="{x0 + (i + 0.5) * bar_w:.1f}" y="{y - 5:.1f}" text-anchor="middle" class="val">{esc(text)}</text>')
     if edge_labels is not None and len(edge_labels) == nb + 1:
         parts += _x_labels([PAD_L + b * slot for b in range(nb + 1)], list(edge_labels))
     else:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
@@ -60,10 +61,15 @@ def test_each_round_prints_its_plan_from_the_last_rounds_mean_and_the_throughput
     rounds = record(work)["rounds"]
     assert len(rounds) >= 2
     r1, r2 = rounds[0], rounds[1]
-    # round 1: no throughput yet, so the estimate is --max-new-tokens per turn, an upper bound, and says so
-    assert r1["plan"]["basis"] == "max_new_tokens" and r1["plan"]["cost_usd"] is None
+    # round 1: no throughput yet, so the estimate is --max-new-tokens per turn it regenerates, an upper
+    # bound, and says so; the example set has two- and three-turn rows, so there are more turns than rows,
+    # and never fewer than the turns round 1 sent (one shard record each)
+    turns = r1["plan"]["turns"]
+    sent = pads.dataset(str(work / "round-1" / "regen" / "shards"), format="parquet").to_table(columns=["row"]).num_rows
+    assert r1["plan"]["basis"] == "max_new_tokens" and r1["plan"]["cost_usd"] is None and turns >= sent > r1["selected"]
+    assert r1["plan"]["tokens"] == turns * 512
     assert (f"round 1: {r1['selected']:,} samples to regenerate; plan: {r1['selected']:,} rows, at most "
-            f"{r1['selected'] * 512:,} output tokens (512 per turn: --max-new-tokens, an upper bound); "
+            f"{turns * 512:,} output tokens (512 per turn x {turns:,} turns: --max-new-tokens, an upper bound); "
             "no throughput measured yet") in proc.stderr
     # round 2: the rows still failing x round 1's mean output tokens per sample, at round 1's throughput and cost per second
     mean = r1["output_tokens"] / r1["selected"]
@@ -107,6 +113,26 @@ def test_round_1_is_not_started_when_the_plans_calibration_says_it_would_exceed_
     assert proc.stdout.strip().endswith("spent $0.00, $1.00 of the $1.00 budget left")
     # nothing was sent (the endpoint is a closed port), and the release is the dataset as it was
     assert pq.read_table(out).equals(pq.read_table(small_set))
+    # dqa report on the work folder shows what it holds: the refused plan, why, how the repair ended
+    refused = rec["final"]["not_started"]
+    assert refused["round"] == 1 and refused["selected"] == selected and refused["plan"]["cost_usd"] == pytest.approx(cost)
+    report = dqa(tmp_path, "report", work)
+    shown = report.stdout.splitlines()
+    assert shown[:2] == [f"dqa repair · {small_set.resolve()}", "no round ran (nothing was regenerated)"]
+    assert f"round 1 not started: it would cost ~${cost:,.2f}, over the $1.00 left of the budget" in shown
+    assert any(ln.startswith(f"round 1: {selected:,} samples to regenerate (scan {work.resolve() / 'round-1' / 'scan'}); plan: "
+                             f"{selected:,} rows, ~{tokens:,.0f} output tokens") for ln in shown)
+    assert f"release {out.resolve()}: gate failed; stopped: budget; {selected:,} samples still failing; spent $0.00, $1.00 of the " \
+        "$1.00 budget left" in shown
+    assert shown[-1] == str(work / "report.html")
+    page = html.unescape((work / "report.html").read_text())
+    assert "<h2>Repair rounds</h2>" in page and "<h2>Scan</h2>" in page  # above the dataset's scan
+    assert f"round 1 not started: it would cost ~${cost:,.2f}" in page and "Failing samples per round" not in page
+    # without the scan (removed), the page is the repair's record alone
+    shutil.rmtree(work / "round-1" / "scan")
+    dqa(tmp_path, "report", work, "--quiet")
+    page = html.unescape((work / "report.html").read_text())
+    assert "<h2>Repair rounds</h2>" in page and "<h2>Scan</h2>" not in page and "round 1 not started" in page
 
 
 def test_a_plan_file_without_a_calibration_is_refused(tmp_path, small_set):
@@ -141,6 +167,9 @@ def test_report_on_the_work_folder_shows_failing_samples_per_round_and_the_cost(
     bars = [html.unescape(t) for t in re.findall(r"<title>(failing samples: [^<]*)</title>", chart)]
     assert bars == [f"failing samples: input: {rounds[0]['selected']:.2f}"] + \
         [f"failing samples: round {r['round']}: {r['still_failing']:.2f}" for r in rounds]
+    # each bar says its count, a zero too (an empty bar reads as 0, not as missing), and no label overlaps another
+    values = [html.unescape(t) for t in re.findall(r'class="val">([^<]*)</text>', chart)]
+    assert values == [f"{rounds[0]['selected']:,}"] + [f"{r['still_failing']:,}" for r in rounds] and values[-1] == "0"
     assert_labels_apart(chart)
     for r in rounds:
         assert f"<td>{r['round']}</td><td class=\"n\">{r['selected']:,}</td><td class=\"n\">{r['regenerated_ok']:,}</td>" in page
@@ -205,15 +234,17 @@ def test_failed_drop_leaves_the_failing_rows_out_of_a_folder_release(fmt, tmp_pa
     assert back.column("input_ids").to_pylist() == [merged.column("input_ids")[i].as_py() for i in kept]
 
 
-def test_rows_cut_at_the_servers_context_are_named_and_the_others_get_a_larger_limit(tmp_path, small_set):
+def test_rows_cut_at_the_servers_context_are_held_back_and_the_others_get_a_larger_limit(tmp_path, small_set):
     """Every first answer is cut (a thought that never ends). With a 400-token context and
     --max-new-tokens 128, rows whose prompt leaves under 128 tokens were cut at the context: they
-    cannot fit; the others get 256 in round 2, as much as the context allows."""
+    cannot fit. The others get 256 in round 2, as much as the context allows; the rows that cannot
+    fit are held back (never sent again), stay failing with that note, and once only they are
+    left the loop stops: nothing regenerable."""
     work = tmp_path / "work"
     with StubServer(tmp_path / "stub", "--vocab", "qwen3.6", "--enable-deterministic-inference", "--content-fault-share", "1",
                     "--content-fault-kinds", "cut", "--context-length", "400") as server:
         proc = dqa(tmp_path, "repair", small_set, "-e", server.url, "-t", "qwen3.6", "--out", tmp_path / "v2.parquet",
-                   "--work", work, "--rounds", "2", "--max-new-tokens", "128", ok=(0, 1))
+                   "--work", work, "--rounds", "4", "--max-new-tokens", "128", ok=(1,))
     rounds = record(work)["rounds"]
     shards = pads.dataset(str(work / "round-1" / "regen" / "shards"), format="parquet").to_table().to_pylist()
     cut = [s for s in shards if s["status"] == "length"]
@@ -228,11 +259,31 @@ def test_rows_cut_at_the_servers_context_are_named_and_the_others_get_a_larger_l
     assert {"option": "max_new_tokens", "from": 128, "to": 256, "why": f"{len(cut):,} samples were cut by the length limit"} \
         in rounds[1]["changes"]
     assert rounds[1]["max_new_tokens"] == 256
-    # what still fails at the end and was cut at the context carries the note
+    # round 2 holds back the rows that cannot fit: it selects the others only, and never sends them
+    r2 = rounds[1]
+    assert r2["held_back_rows"] == at_context and r2["held_back"] == len(at_context)
+    assert r2["selected"] == r1["still_failing"] - len(at_context) > 0
+    assert f"{len(at_context):,} held back (cannot fit), {r2['selected']:,} left to regenerate" in proc.stderr
+    held = set()
+    for k, r in enumerate(rounds, start=1):
+        sent = {s["row"] for s in pads.dataset(str(work / f"round-{k}" / "regen" / "shards"), format="parquet").to_table(columns=["row"])
+                .to_pylist()}
+        assert len(sent) == r["selected"] and not sent & held  # a held row is never selected again
+        held |= set(r["cannot_fit_rows"])
+    # the loop stopped when only rows that cannot fit were left, before --rounds 4
     final = record(work)["final"]
-    last_full = set(rounds[-1]["cannot_fit_rows"])
-    for r in final["still_failing_rows"]:
-        assert (r.get("note") == "cannot fit in 400 tokens of context") == (r["row"] in last_full)
+    failing = {r["row"] for r in final["still_failing_rows"]}
+    assert final["stop"] == "nothing regenerable" and len(rounds) < 4 and final["exit_code"] == 1
+    assert failing and failing <= held and final["cannot_fit"] == len(failing) == final["still_failing"]
+    assert set(at_context) <= failing
+    # ... listed with their reasons and the note, in repair.json and in the report
+    assert all(r["note"] == "cannot fit in 400 tokens of context" and r["reasons"] for r in final["still_failing_rows"])
+    assert f"{len(failing):,} of them cannot fit in the servers' context" in proc.stdout
+    report = dqa(tmp_path, "report", work)
+    shown = " ".join(report.stdout.split())  # the table's caption wraps at the table's width
+    assert f"stopped: nothing regenerable; {len(failing):,} samples still failing ({len(failing):,} cannot fit" in shown
+    page = (work / "report.html").read_text()
+    assert f"round 2: {len(at_context):,} failing samples held back (they cannot fit in the servers&#x27; context)" in page
 
 
 # --------------------------------------------------------------------------- a multi-turn set
@@ -290,12 +341,35 @@ def test_a_multi_turn_set_repairs_in_its_own_convention(convention, tmp_path, mt
     rounds = rec["rounds"]
     assert len(rounds) >= 2 and rounds[0]["still_failing"] > 0 and rounds[-1]["still_failing"] == 0
     assert rounds[0]["selected"] == len(DEGENERATE)
+    # round 1's upper bound counts the turns it regenerates: each row's flagged turn 1 (0-based) and the turn after it
+    turns = 2 * len(DEGENERATE)
+    assert rounds[0]["plan"]["turns"] == turns and rounds[0]["plan"]["tokens"] == turns * 512
+    assert f"plan: {len(DEGENERATE):,} rows, at most {turns * 512:,} output tokens (512 per turn x {turns:,} turns: " in proc.stderr
+    sent = pads.dataset(str(work / "round-1" / "regen" / "shards"), format="parquet").to_table(columns=["row"])
+    assert sent.num_rows <= turns  # one shard record per turn sent: never more than the bound counted
     after = scan(out, tmp_path / "rescan", tok)
     same_conventions(before, after)
     assert after["failing_rows"] == 0, {k: v["count"] for k, v in after["checks"].items() if v["count"]}
     assert pq.read_schema(out).names == pq.read_schema(src).names + ["dqa_regen"]
     assert turn_masks(out) == turn_masks(src)  # every assistant turn trained; the ends of turn as the input had them
     assert pq.read_table(out).column("input_ids").to_pylist() != pq.read_table(src).column("input_ids").to_pylist()
+
+
+def test_round_1s_upper_bound_counts_the_turns_each_turns_mode_regenerates(tmp_path):
+    """--turns flagged: from a row's first flagged turn to its last (no flagged turn, or one past
+    the row's turns: the final one); all: every assistant turn; last: one per row."""
+    from dqa.repair.budget import plan_round, turns_to_regenerate
+
+    pq.write_table(pa.table({"row": pa.array([0, 2, 5], pa.int64()), "reasons": [["short_response"], ["no_loss"], ["truncated"]],
+                             "turns": pa.array([[2, 1], [], [7]], pa.list_(pa.int32()))}), tmp_path / "findings.parquet")
+    pq.write_table(pa.table({"row": pa.array(range(6), pa.int64()), "assistant_turns": pa.array([4, 1, 3, 1, 1, 2], pa.int64())}),
+                   tmp_path / "metrics.parquet")
+    assert turns_to_regenerate(tmp_path, "flagged") == (4 - 1) + 1 + 1
+    assert turns_to_regenerate(tmp_path, "all") == 4 + 3 + 2
+    assert turns_to_regenerate(tmp_path, "last") == 3
+    bound = plan_round(3, [], {}, None, 0.0, max_new_tokens=100, turns=turns_to_regenerate(tmp_path, "all"))
+    assert (bound.rows, bound.turns, bound.tokens) == (3, 9, 900)
+    assert "at most 900 output tokens (100 per turn x 9 turns: --max-new-tokens, an upper bound)" in bound.describe()
 
 
 def test_a_calibrated_round_1_is_priced_at_the_fleet_files_gpus(tmp_path):

@@ -189,7 +189,7 @@ def test_report_renders_its_plots_in_headless_chromium(cli, defect_scan, tmp_pat
 # --------------------------------------------------------------------------- figures that were wrong (issue 9)
 
 TEXT_RE = re.compile(r"<text ([^>]*)>(.*?)</text>", re.S)
-FONT_PX = {"tick": 11, "axl": 12, "lg": 12, "ct": 14, "gapl": 11}  # reports.html CSS
+FONT_PX = {"tick": 11, "axl": 12, "lg": 12, "ct": 14, "gapl": 11, "val": 12}  # reports.html CSS
 
 
 def text_boxes(svg: str) -> list[tuple[str, float, float, float, float]]:

@@ -37,12 +37,15 @@ def repair(
     merge, rescan, and again for what still fails, then gate.
 
     Each round regenerates the samples still failing with new seeds; samples cut by the length
-    limit get twice the --max-new-tokens, as far as the servers' context allows (those that cannot
-    fit are named). The loop stops when nothing fails, after --rounds, when a round fixed nothing
+    limit get twice the --max-new-tokens, as far as the servers' context allows; those cut at the
+    context cannot fit: they are named, held back from later rounds and listed as still failing
+    ("cannot fit in C tokens of context"). The loop stops when nothing fails, when only samples
+    that cannot fit fail, after --rounds, when a round fixed nothing
     (and the next would not get more tokens), or before a round whose plan would pass
     --budget-usd. Before each round its plan is printed: its samples x the mean output tokens of
     the last round, at the fleet throughput measured so far; round 1 from --plan's calibration,
-    else at most --max-new-tokens per turn (time and cost unknown until it ran). The last line
+    else at most --max-new-tokens per turn it regenerates (counted from the scan and --turns; time
+    and cost unknown until it ran). The last line
     says what was spent and what is left. Rerunning the same command
     after a crash or kill -9 continues where it stopped; the work folder refuses another dataset
     or other options.

@@ -36,7 +36,9 @@ def report(
     On a `dqa repair` work folder the report shows the rounds: a chart of failing samples per
     round, and per round the samples selected, regenerated ok, still failing by reason, output
     tokens, elapsed and cost, with the total (also printed as a table); its scan is the dataset's,
-    its 'after' the last round's rescan. Written to WORK/report.html by default.
+    its 'after' the last round's rescan. Where no round ran (the budget refused round 1), it shows
+    what the folder holds: the refused round's plan, why it was not started and how the repair
+    ended. Written to WORK/report.html by default.
 
     Example:  dqa report dqa-out/train --regen regen-out --after dqa-out/train-merged
     Example:  dqa report dqa-out/train-repair
@@ -82,31 +84,46 @@ def _run(scan_dir, regen, validation, after, out, as_json, quiet) -> int:
 
 def _run_repair(work: Path, regen, validation, after, out, as_json, quiet) -> int:
     """``dqa report WORK`` for a repair work folder: the HTML report with its rounds, and the rounds
-    table on stdout. Raises ``InputError`` for an unreadable repair.json or one with no round."""
+    table on stdout. Where no round ran (the budget refused round 1, or the repair stopped before
+    it), what the folder holds: the refused round's plan and why, how the repair stopped, above the
+    dataset's scan when it is there. Raises ``InputError`` for an unreadable repair.json."""
     from rich.console import Console
 
     from dqa import atomic
+    from dqa.audit.scan_folder import is_scan_folder
     from dqa.errors import InputError
-    from dqa.reports.html import load_inputs, render_report
-    from dqa.reports.repair_rounds import terminal_table
+    from dqa.reports.html import load_inputs, render_repair_only, render_report
+    from dqa.reports.repair_rounds import not_started_lines, round_rows, stop_line, terminal_table
     from dqa.repair.work import REPAIR_FILE
 
     state = _read_json(work / REPAIR_FILE)
-    rounds = (state or {}).get("rounds") or []
-    if not rounds or not rounds[0].get("scan"):
-        raise InputError(f"{work / REPAIR_FILE}: records no round yet (nothing was regenerated); report the dataset's scan instead")
-    scan_dir = Path(rounds[0]["scan"])
+    if state is None:
+        raise InputError(f"{work / REPAIR_FILE}: not a repair record (expected a JSON object)")
+    rounds = state.get("rounds") or []
+    first_scan = rounds[0].get("scan") if rounds else ((state.get("final") or {}).get("not_started") or {}).get("scan")
     rescans = [work / f"round-{r['round']}" / "rescan" for r in rounds if "rescan" in (r.get("done") or ())]
-    inputs = load_inputs(scan_dir, regen, validation, after if after is not None else (rescans[-1] if rescans else None))
-    if after is None and rescans:
-        inputs.after_label = f"after round {len(rescans)} (its rescan)"
-    inputs.repair = {**state, "work": str(work)}
+    repair = {**state, "work": str(work)}
+    if first_scan and is_scan_folder(first_scan):
+        inputs = load_inputs(Path(first_scan), regen, validation, after if after is not None else (rescans[-1] if rescans else None))
+        if after is None and rescans:
+            inputs.after_label = f"after round {len(rescans)} (its rescan)"
+        inputs.repair = repair
+        page = render_report(inputs)
+    else:
+        page = render_repair_only(repair)
     path = Path(out) if out is not None else work / "report.html"
-    atomic.write_text(path, render_report(inputs))
+    atomic.write_text(path, page)
     if as_json:
         sys.stdout.write(json.dumps({"report": str(path)}) + "\n")
     elif not quiet:
-        Console(soft_wrap=False).print(terminal_table(state))
+        if round_rows(state):
+            Console(soft_wrap=False).print(terminal_table(state))
+            for line in not_started_lines(state):  # a later round the budget refused
+                typer.echo(line)
+        else:
+            typer.echo(f"dqa repair · {state.get('dataset', '')}")
+            for line in [*not_started_lines(state), stop_line(state)]:
+                typer.echo(line)
         typer.echo(str(path))
     return EXIT_OK
 

@@ -5,10 +5,11 @@ Round 1 scans DATASET (or reuses its scan when the fingerprint matches), regener
 samples, merges them into a new set and rescans it. Each later round regenerates the samples that
 still fail in the last merged set, from the same prompts with new seeds (``seed_base`` + round - 1);
 when rows were cut by the length limit, ``max_new_tokens`` doubles, up to what the servers'
-context allows (a row that cannot fit is reported as such). The loop stops when nothing fails,
+context allows. A row cut at the servers' context cannot fit: later rounds hold it back (it is
+not sent again; ``held.py``) and it stays failing, noted "cannot fit in C tokens of context". The
+loop stops when nothing fails, when nothing regenerable fails (every failing row is held back),
 after ``rounds`` rounds, when a round fixed nothing (unless the next one gets a larger
-``max_new_tokens``), or before a round the budget cannot pay
-for. Then NEW is written (the last merged set; ``failed="drop"`` leaves out the rows still
+``max_new_tokens``), or before a round the budget cannot pay for. Then NEW is written (the last merged set; ``failed="drop"`` leaves out the rows still
 failing) and gated. Every step calls the steps' Python API (``dqa.scan``, ``dqa.regenerate``,
 ``dqa.merge``, ``dqa.gate``), never the CLI.
 """
@@ -22,10 +23,12 @@ from typing import Any, Callable
 
 from dqa.audit.scan_folder import findings_file
 from dqa.errors import EXIT_OK, EXIT_QUALITY, InputError, UsageError
-from dqa.repair.budget import RoundPlan, cut_rows, plan_round, read_calibration, regen_figures
+from dqa.repair.budget import RoundPlan, cut_rows, plan_round, read_calibration, regen_figures, turns_to_regenerate
+from dqa.repair.held import SELECT_DIR, cannot_fit_note, failing_rows, held_back, write_selection
 from dqa.repair.work import WorkFolder, default_work_dir
 
 DEFAULT_ROUNDS = 3
+NOTHING_REGENERABLE = "nothing regenerable"  # every sample still failing cannot fit in the servers' context
 FAILED_CHOICES = ("keep", "drop")
 
 
@@ -71,8 +74,8 @@ class RepairOptions:
 @dataclass
 class RepairResult:
     """How a repair ended. ``exit_code``: 0 NEW passes the gate, 1 samples still fail (NEW is
-    written) or the gate fails; ``stop``: why the loop ended (``clean``, ``rounds``, ``budget``,
-    ``no progress``); ``still_failing``: rows failing in NEW's scan (by reason in
+    written) or the gate fails; ``stop``: why the loop ended (``clean``, ``nothing regenerable``,
+    ``rounds``, ``budget``, ``no progress``); ``still_failing``: rows failing in NEW's scan (by reason in
     ``failing_reasons``); ``spent_usd``: the rounds' cost; ``rounds``: repair.json's round records."""
 
     exit_code: int
@@ -121,7 +124,8 @@ def repair(dataset: str | Path, out: str | Path, options: RepairOptions, *, work
 
     src, scan_dir = dataset, None
     stop, spent = "rounds", 0.0
-    figures = None
+    stalled = False  # the last round fixed none of the rows it sent
+    not_started: dict[str, Any] | None = None  # the round the budget refused: its plan and why
     for k in range(1, options.rounds + 1):
         rec = wf.round(k)
         rdir = wf.round_dir(k)
@@ -139,27 +143,32 @@ def repair(dataset: str | Path, out: str | Path, options: RepairOptions, *, work
             scan_dir = Path(rec["scan"])
         selected = int(rec["selected"])
         if selected == 0:
-            stop = "clean"
+            stop = NOTHING_REGENERABLE if rec.get("held_back") else "clean"
             _drop_round(wf, k)
             break
-        if figures is not None and figures.no_progress and not any(c.get("option") == "max_new_tokens" for c in rec.get("changes") or ()):
+        if stalled and not any(c.get("option") == "max_new_tokens" for c in rec.get("changes") or ()):
             stop = "no progress"
             _drop_round(wf, k)
             break
         # 2. the plan, and the budget
         if "regen" not in rec["done"]:
             mn = rec.get("max_new_tokens") or max_new
+            turns = turns_to_regenerate(scan_dir, regen_opts.get("turns") or _default_turns()) if k == 1 else None
             plan = plan_round(selected, wf.state["rounds"][: k - 1], regen_opts, options.budget_usd, spent,
-                              max_new_tokens=mn or _default_max_new(), calibration=calibration)
+                              max_new_tokens=mn or _default_max_new(), calibration=calibration, turns=turns)
             say(f"round {k}: {selected:,} samples to regenerate; {plan.describe()}")
             if plan.over_budget:
                 stop = "budget"
+                not_started = {"round": k, "selected": selected, "scan": str(scan_dir), "plan": plan.as_dict(),
+                               "plan_line": plan.describe(), "why": plan.describe_budget()}
                 _drop_round(wf, k)
                 say(f"round {k} not started: {plan.describe_budget()}")
                 break
             wf.mark(k, "plan", plan=plan.as_dict(), max_new_tokens=mn, seed_base=seed_base + k - 1)
             # 3. regen the failing samples of the round's input, new seeds each round
-            kw = dict(regen_opts, findings=str(scan_dir), failed_only=True, seed_base=seed_base + k - 1,
+            # rows that cannot fit are held back: the round reads the rescan's findings without them
+            findings = write_selection(scan_dir, rec["held_back_rows"], rdir / SELECT_DIR) if rec.get("held_back_rows") else scan_dir
+            kw = dict(regen_opts, findings=str(findings), failed_only=True, seed_base=seed_base + k - 1,
                       tokenizer=options.tokenizer)
             if mn:
                 kw["max_new_tokens"] = mn
@@ -178,20 +187,28 @@ def repair(dataset: str | Path, out: str | Path, options: RepairOptions, *, work
             wf.mark(k, "rescan", still_failing=failing, still_failing_reasons=reasons)
         rec = wf.round(k)
         spent += float(rec.get("cost_usd") or 0.0)
-        figures = regen_figures(rec, rdir / "regen", selected)
+        figures = regen_figures(rdir / "regen")
         if "cannot_fit" not in rec:
             wf.mark(k, "rescan", cannot_fit=figures.cannot_fit, cannot_fit_rows=list(figures.cannot_fit_rows), context=figures.context)
+        held = held_back(wf.state["rounds"][:k], failing_rows(rdir / "rescan")) if rec["still_failing"] else {}
+        regenerable = int(rec["still_failing"]) - len(held)
+        stalled = regenerable >= selected
         say(f"round {k}: {rec['regenerated_ok']:,} regenerated ok, {rec['still_failing']:,} still failing"
             + (f" ({_reasons_text(rec['still_failing_reasons'])})" if rec["still_failing"] else "")
             + (f"; {figures.cannot_fit:,} cannot fit in {figures.context:,} tokens of context (cut at the servers' limit)"
-               if figures.cannot_fit else ""))
+               if figures.cannot_fit else "")
+            + (f"; {len(held):,} held back (cannot fit), {regenerable:,} left to regenerate" if held else ""))
         src, scan_dir = merged, rdir / "rescan"
+        if rec["still_failing"] > 0 and regenerable == 0:
+            stop = NOTHING_REGENERABLE
+            break
         if k < options.rounds and rec["still_failing"] > 0:
             nxt = wf.round(k + 1)
             if "scan" not in nxt["done"]:
                 grow = figures.next_max_new(rec.get("max_new_tokens") or max_new or _default_max_new())
                 facts: dict[str, Any] = dict(input=str(merged), scan=str(scan_dir), scan_was="rescan of round %d" % k,
-                                             selected=rec["still_failing"], selected_reasons=rec["still_failing_reasons"])
+                                             selected=regenerable, selected_reasons=_reasons_without(scan_dir, held) if held
+                                             else rec["still_failing_reasons"], held_back=len(held), held_back_rows=list(held))
                 if grow is not None:
                     facts["max_new_tokens"] = grow
                     facts["changes"] = [{"option": "max_new_tokens", "from": rec.get("max_new_tokens") or max_new or _default_max_new(),
@@ -211,14 +228,19 @@ def repair(dataset: str | Path, out: str | Path, options: RepairOptions, *, work
     gate = api.gate(str(out), tokenizer=options.tokenizer)
     kept = still if options.failed == "keep" else 0
     code = EXIT_OK if gate.passed and kept == 0 else EXIT_QUALITY
-    wf.state["final"].update(stop=stop, still_failing=still, still_failing_reasons=reasons,
-                             still_failing_rows=_failing_rows(scan_dir, wf.state["rounds"]) if still else [], spent_usd=round(spent, 4),
-                             gate_passed=gate.passed, exit_code=code)
+    failing_list = _failing_rows(scan_dir, wf.state["rounds"]) if still else []
+    cannot_fit = sum(1 for r in failing_list if "note" in r)
+    wf.state["final"].update(stop=stop, still_failing=still, still_failing_reasons=reasons, cannot_fit=cannot_fit,
+                             still_failing_rows=failing_list, spent_usd=round(spent, 4), gate_passed=gate.passed, exit_code=code)
+    wf.state["final"].pop("not_started", None)
+    if not_started is not None:
+        wf.state["final"]["not_started"] = not_started
     wf.state["status"] = "finished"
     wf.save()
     left = f", ${options.budget_usd - spent:,.2f} of the ${options.budget_usd:,.2f} budget left" if options.budget_usd is not None else ""
     msg = (f"{out}: gate {'passed' if gate.passed else 'failed'}; {len(wf.state['rounds'])} round(s), stopped: {stop}; "
            f"{still:,} samples still failing" + (f" ({_reasons_text(reasons)})" if still else "")
+           + (f", {cannot_fit:,} of them cannot fit in the servers' context" if cannot_fit else "")
            + (" (dropped)" if still and options.failed == "drop" else "") + f"; spent ${spent:,.2f}{left}")
     return RepairResult(code, out, wf.path, stop, still, reasons, spent, gate.passed, wf.state["rounds"], msg)
 
@@ -227,6 +249,12 @@ def _default_max_new() -> int:
     from dqa.regen.config import DEFAULT_MAX_NEW_TOKENS
 
     return DEFAULT_MAX_NEW_TOKENS
+
+
+def _default_turns() -> str:
+    from dqa.regen.config import DEFAULT_TURNS
+
+    return DEFAULT_TURNS
 
 
 def _drop_round(wf: WorkFolder, k: int) -> None:
@@ -250,16 +278,26 @@ def _failing(scan_dir: Path) -> tuple[int, dict[str, int]]:
 
 def _failing_rows(scan_dir: Path, rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The failing rows of a scan folder's findings: ``{row, id, reasons}`` each (id None without
-    one), plus ``note`` "cannot fit in CONTEXT tokens of context" for a row the last round that ran
-    cut at the servers' context."""
+    one), plus ``note`` "cannot fit in C tokens of context" for a row a round cut at the servers'
+    context (held back from the rounds after it; C: that round's context)."""
     import polars as pl
 
     f = pl.read_parquet(findings_file(scan_dir))
     cols = [c for c in ("row", "id", "reasons") if c in f.columns]
-    ran = [r for r in rounds if "cannot_fit_rows" in r]
-    full = set(ran[-1]["cannot_fit_rows"]) if ran else set()
-    note = f"cannot fit in {ran[-1]['context']:,} tokens of context" if full and ran[-1].get("context") else None
-    return [{"id": None, **r, **({"note": note} if note and r.get("row") in full else {})} for r in f.select(cols).to_dicts()]
+    held = held_back(rounds, set(f["row"].to_list()))
+    return [{"id": None, **r, **({"note": cannot_fit_note(held[r["row"]])} if r.get("row") in held else {})}
+            for r in f.select(cols).to_dicts()]
+
+
+def _reasons_without(scan_dir: Path, held: dict[int, Any]) -> dict[str, int]:
+    """{reason: rows} of a scan folder's failing rows that are not ``held`` back."""
+    import polars as pl
+
+    f = pl.read_parquet(findings_file(scan_dir), columns=["row", "reasons"]).filter(~pl.col("row").is_in(list(held)))
+    if f.height == 0:
+        return {}
+    counts = f.explode("reasons").group_by("reasons").len().sort(["len", "reasons"], descending=[True, False])
+    return {r: int(n) for r, n in counts.iter_rows() if r is not None}
 
 
 def _reasons_text(reasons: dict[str, int]) -> str:

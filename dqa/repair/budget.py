@@ -8,8 +8,10 @@ A round's plan (``plan_round``) has one of three bases, named in its ``basis``:
   measured over every round so far, the cost from the cost per second those rounds were billed;
 - ``calibration``: round 1 with a ``dqa plan --calibrate --json`` file (``--plan``): its
   calibration's mean output tokens and output tok/s, priced at ``gpus`` x ``gpu_hour_cost``;
-- ``max_new_tokens``: round 1 without one: at most rows x ``max_new_tokens`` tokens (an upper
-  bound), and no time or cost until the round measures the throughput.
+- ``max_new_tokens``: round 1 without one: at most ``max_new_tokens`` per turn it will regenerate
+  (an upper bound): ``turns_to_regenerate`` counts them from the scan (``--turns flagged``: from
+  each row's first flagged turn to its last assistant turn; ``all``: every assistant turn;
+  ``last``: one per row), and no time or cost until the round measures the throughput.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ MEASURED, CALIBRATION, MAX_NEW_TOKENS = "measured", "calibration", "max_new_toke
 
 @dataclass(frozen=True)
 class RoundPlan:
-    """A round's plan: ``rows`` to send, ``tokens`` expected (``per_sample`` each), ``seconds`` at
+    """A round's plan: ``rows`` to send, ``tokens`` expected (``per_sample`` each; basis
+    ``max_new_tokens``: ``per_sample`` per turn, over ``turns`` turns), ``seconds`` at
     ``tok_per_s``, ``cost_usd`` at the cost per second; each None where the ``basis`` (see the
     module docstring) does not give it; ``budget_left``: None without a budget."""
 
@@ -38,6 +41,7 @@ class RoundPlan:
     basis: str = MEASURED
     per_sample: float | None = None
     tok_per_s: float | None = None
+    turns: int | None = None
 
     @property
     def over_budget(self) -> bool:
@@ -48,8 +52,8 @@ class RoundPlan:
         """The plan in one line: rows, expected tokens and where that figure comes from, time, cost, budget left."""
         left = f"; budget left ${self.budget_left:,.2f}" if self.budget_left is not None else ""
         if self.basis == MAX_NEW_TOKENS:
-            tokens = f"at most {self.tokens:,.0f} output tokens ({self.per_sample:,.0f} per turn: --max-new-tokens, an upper bound)" \
-                if self.tokens is not None else "output tokens unknown"
+            tokens = (f"at most {self.tokens:,.0f} output tokens ({self.per_sample:,.0f} per turn x {self.turns:,} turns: "
+                      "--max-new-tokens, an upper bound)") if self.tokens is not None else "output tokens unknown"
             return f"plan: {self.rows:,} rows, {tokens}; no throughput measured yet: time and cost unknown until this round measures them{left}"
         source = "the last round's mean" if self.basis == MEASURED else "the plan's calibration"
         speed = "the fleet throughput measured so far" if self.basis == MEASURED else "the plan's calibrated throughput"
@@ -104,11 +108,13 @@ def read_calibration(path: str | Path) -> dict[str, float]:
 
 
 def plan_round(rows: int, earlier: list[dict[str, Any]], regen: dict[str, Any], budget_usd: float | None,
-               spent: float, max_new_tokens: int | None = None, calibration: dict[str, float] | None = None) -> RoundPlan:
+               spent: float, max_new_tokens: int | None = None, calibration: dict[str, float] | None = None,
+               turns: int | None = None) -> RoundPlan:
     """The plan of a round sending ``rows`` samples (see the module docstring for its basis), from
     the ``earlier`` rounds' repair.json records, ``regen``'s options (``gpus``, ``endpoints``,
     ``gpu_hour_cost``), what is left of ``budget_usd`` after ``spent``, and for round 1 the
-    ``calibration`` of a plan file (``read_calibration``) or ``max_new_tokens``."""
+    ``calibration`` of a plan file (``read_calibration``) or ``max_new_tokens`` per turn of the
+    ``turns`` it regenerates (``turns_to_regenerate``; None: one per row)."""
     ran = [r for r in earlier if "regen" in r.get("done", ()) and int(r.get("selected") or 0)]
     left = None if budget_usd is None else budget_usd - spent
     tokens = sum(int(r.get("output_tokens") or 0) for r in ran)
@@ -128,20 +134,49 @@ def plan_round(rows: int, earlier: list[dict[str, Any]], regen: dict[str, Any], 
         expect = rows * per_sample
         seconds = expect / tps
         return RoundPlan(rows, expect, seconds, seconds * per_s if per_s else None, left, CALIBRATION, per_sample, tps)
-    return RoundPlan(rows, rows * max_new_tokens if max_new_tokens else None, None, None, left, MAX_NEW_TOKENS,
-                     float(max_new_tokens) if max_new_tokens else None, None)
+    n = rows if turns is None else int(turns)
+    return RoundPlan(rows, n * max_new_tokens if max_new_tokens else None, None, None, left, MAX_NEW_TOKENS,
+                     float(max_new_tokens) if max_new_tokens else None, None, n)
+
+
+def turns_to_regenerate(scan_dir: Path, mode: str) -> int | None:
+    """The assistant turns a regen run with ``--turns mode`` will generate for the failing rows of
+    the scan in ``scan_dir``: per row, ``flagged`` from its first flagged turn (``findings.parquet``'s
+    ``turns``; none, or out of range: the final turn) to its last (``metrics.parquet``'s
+    ``assistant_turns``), ``all`` every assistant turn, ``last`` one; at least one per row. None
+    when the scan has no ``assistant_turns`` (an older scan: count one per row). Raises
+    ``OSError``/polars errors for unreadable files."""
+    import polars as pl
+
+    from dqa.audit.scan_folder import METRICS_FILE, findings_file
+
+    findings = pl.read_parquet(findings_file(scan_dir))
+    metrics_file = Path(scan_dir) / METRICS_FILE
+    if not metrics_file.is_file() or "assistant_turns" not in pl.read_parquet_schema(metrics_file):
+        return None
+    heads = pl.read_parquet(metrics_file, columns=["row", "assistant_turns"])
+    t = findings.select("row", *(["turns"] if "turns" in findings.columns else [])).join(heads, on="row", how="left")
+    n = pl.col("assistant_turns").fill_null(1).clip(lower_bound=1)
+    if mode == "all":
+        per = n
+    elif mode == "last" or "turns" not in t.columns:  # no turns column: no turn flagged, the final one is regenerated
+        return t.height
+    else:
+        first = pl.col("turns").list.min().cast(pl.Int64)
+        first = pl.when(first.is_not_null() & (first >= 0) & (first < n)).then(first).otherwise(n - 1)
+        per = n - first
+    return int(t.select(per.clip(lower_bound=1).sum()).item() or 0)
 
 
 @dataclass(frozen=True)
 class RegenFigures:
     """What a round's regen run tells the next round: ``cut`` samples ended by the length limit,
     ``cannot_fit`` of them already at the servers' ``context`` (None: unknown; their dataset rows
-    in ``cannot_fit_rows``), and whether the round fixed nothing (``no_progress``)."""
+    in ``cannot_fit_rows``: later rounds hold them back)."""
 
     cut: int
     cannot_fit: int
     context: int | None
-    no_progress: bool
     cannot_fit_rows: tuple[int, ...] = ()
 
     def next_max_new(self, max_new: int) -> int | None:
@@ -179,11 +214,10 @@ def _cut_and_full(regen_dir: Path) -> tuple[int, list[int], int | None]:
     return cut.num_rows, sorted(int(r) for r in pc.unique(full).to_pylist()), context
 
 
-def regen_figures(rec: dict[str, Any], regen_dir: Path, selected: int) -> RegenFigures:
-    """The ``RegenFigures`` of round ``rec`` (its repair.json record) and its run folder."""
+def regen_figures(regen_dir: Path) -> RegenFigures:
+    """The ``RegenFigures`` of a round's regen run folder."""
     cut, full, context = _cut_and_full(regen_dir)
-    return RegenFigures(cut, len(full), context, no_progress=int(rec.get("still_failing") or 0) >= selected,
-                        cannot_fit_rows=tuple(full))
+    return RegenFigures(cut, len(full), context, cannot_fit_rows=tuple(full))
 
 
 def _context(regen_dir: Path) -> tuple[int | None, int]:
