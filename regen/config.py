@@ -54,7 +54,7 @@ DEFAULT_AUX_LAYERS = 3
 # `dqa merge --batch-rows`: rows per streamed batch (memory is bounded by the batch).
 DEFAULT_MERGE_BATCH_ROWS = 2048
 
-# `dqa fleet up` (FleetSpec, LaunchSpec) and `dqa fleet status`.
+# `dqa fleet up` (fleet.spec.FleetSpec; the Mamba mode: servers.sglang.SglangOptions) and `dqa fleet status`.
 DEFAULT_ENGINE = "sglang"
 DEFAULT_GPUS = "0"
 DEFAULT_PORT_BASE = 30000  # GPU k of the list listens on port-base + k

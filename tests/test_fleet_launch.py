@@ -19,8 +19,8 @@ from dqa.errors import InputError, UsageError
 from dqa.regen.fleet import file as ff
 from dqa.regen.fleet import launch as fl
 from dqa.regen.fleet import stage as fst
-from dqa.regen.fleet.spec import LaunchSpec
-from dqa.regen.servers.sglang import is_hybrid_mamba
+from dqa.regen.fleet.spec import FleetSpec, parse_gpus
+from dqa.regen.servers.sglang import SglangOptions, is_hybrid_mamba
 
 MODEL = "/dev/shm/Qwen3.6-27B"
 
@@ -48,13 +48,13 @@ def golden_sglang_mtp(gpu: int) -> list[str]:
     ]  # fmt: skip
 
 
-def seven_gpu_spec(**kw) -> LaunchSpec:
+def seven_gpu_spec(**kw) -> FleetSpec:
     base = dict(
-        model=MODEL, gpus=fl.parse_gpus("0-6"), mtp=True, hybrid=True, python="python3",
-        extra=["--kv-cache-dtype", "fp8_e4m3"], log_dir=Path("logs"), sglang_version=SEED_SGLANG,
+        model=MODEL, gpus=parse_gpus("0-6"), engine_options=SglangOptions(mtp=True, hybrid=True, sglang_version=SEED_SGLANG),
+        python="python3", extra=["--kv-cache-dtype", "fp8_e4m3"], log_dir=Path("logs"),
     )  # fmt: skip
     base.update(kw)
-    return LaunchSpec(**base)
+    return FleetSpec(**base)
 
 
 def test_seven_gpu_sglang_mtp_fleet_matches_the_golden_argument_lists():
@@ -95,7 +95,7 @@ def test_mtp_adds_extra_buffer_only_for_hybrid_mamba_models(tmp_path):
     assert is_hybrid_mamba(str(hybrid)) and not is_hybrid_mamba(str(dense))
 
     def argv(model, **kw):
-        spec = LaunchSpec(model=str(model), gpus=["0"], python="python3", **{"sglang_version": SEED_SGLANG, **kw})
+        spec = FleetSpec(model=str(model), gpus=["0"], python="python3", engine_options=SglangOptions(**{"sglang_version": SEED_SGLANG, **kw}))
         return fl.build_commands(spec)[0].argv
 
     assert argv(hybrid, mtp=True)[-2:] == ["--mamba-scheduler-strategy", "extra_buffer"]
@@ -114,7 +114,7 @@ def test_mtp_adds_extra_buffer_only_for_hybrid_mamba_models(tmp_path):
 
 
 def test_without_mtp_the_command_is_the_plain_data_parallel_server():
-    spec = LaunchSpec(model="Qwen/Qwen3-8B", gpus=["3"], python="python3", port_base=31000)
+    spec = FleetSpec(model="Qwen/Qwen3-8B", gpus=["3"], python="python3", port_base=31000)
     assert fl.build_commands(spec)[0].argv == [
         "python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-8B", "--host", "127.0.0.1",
         "--port", "31000", "--context-length", "8192", "--max-running-requests", "48",
@@ -123,7 +123,7 @@ def test_without_mtp_the_command_is_the_plain_data_parallel_server():
 
 
 def test_transformers_engine_runs_transformers_serve_next_to_the_python(tmp_path):
-    spec = LaunchSpec(model="/m", gpus=["0", "1"], engine="transformers", port_base=18000, extra=["--device", "cpu"])
+    spec = FleetSpec(model="/m", gpus=["0", "1"], engine="transformers", port_base=18000, extra=["--device", "cpu"])
     cmds = fl.build_commands(spec)
     assert [c.argv[1:] for c in cmds] == [
         ["serve", "/m", "--host", "127.0.0.1", "--port", str(p), "--device", "cpu"] for p in (18000, 18001)
@@ -137,13 +137,13 @@ def test_transformers_engine_runs_transformers_serve_next_to_the_python(tmp_path
     [("0-6", [str(i) for i in range(7)]), ("0,2,5", ["0", "2", "5"]), ("0-1,6", ["0", "1", "6"]), ("4", ["4"])],
 )
 def test_gpu_lists(text, gpus):
-    assert fl.parse_gpus(text) == gpus
+    assert parse_gpus(text) == gpus
 
 
 @pytest.mark.parametrize("text", ["", "a", "3-1", "0-1,1", "-1"])
 def test_bad_gpu_lists_are_usage_errors(text):
     with pytest.raises(UsageError, match="--gpus"):
-        fl.parse_gpus(text)
+        parse_gpus(text)
 
 
 def test_model_path_with_spaces_and_shell_metacharacters_reaches_the_server_intact(tmp_path):
@@ -166,7 +166,7 @@ def test_model_path_with_spaces_and_shell_metacharacters_reaches_the_server_inta
     script = tmp_path / "up.sh"
     script.write_text(r.stdout + "wait\n")
     subprocess.run(["bash", str(script)], cwd=tmp_path, check=True, timeout=60)
-    spec = LaunchSpec(model=str(model), gpus=["0", "1"], python=str(fake), extra=["--served-model-name", "a b"], log_dir=logs)
+    spec = FleetSpec(model=str(model), gpus=["0", "1"], python=str(fake), extra=["--served-model-name", "a b"], log_dir=logs)
     for c in fl.build_commands(spec):
         got = json.loads((logs / f"gpu{c.gpu}.log").read_text())
         assert got == {"gpu": c.gpu, "argv": c.argv[1:]}
@@ -395,7 +395,7 @@ def test_env_keys_that_are_not_variable_names_are_usage_errors(cli, tmp_path, it
     key, eq, _ = item.partition("=")
     if eq:  # the library refuses such a key too, whoever builds the spec
         with pytest.raises(UsageError):
-            fl.build_commands(LaunchSpec(model=MODEL, gpus=["0"], env={key: "1"}))
+            fl.build_commands(FleetSpec(model=MODEL, gpus=["0"], env={key: "1"}))
 
 
 def test_dry_run_quotes_env_values_and_the_health_url(cli, tmp_path):

@@ -19,6 +19,7 @@ from dqa.regen.fleet import launch as fl
 from dqa.regen.fleet.logs import log_tail
 from dqa.regen.fleet.spec import FleetSpec
 from dqa.regen.fleet.up import LaunchEvents, launch_fleet, prepare_launch
+from dqa.regen.servers.sglang import SglangOptions
 
 MISSING = "/models/Qwen3.6-27B"  # the README's model folder: not on a CI machine
 MTP_FLAGS = [
@@ -44,7 +45,7 @@ def hybrid_model(root: Path) -> Path:
 def test_the_seven_gpu_mtp_fleet_is_planned_from_python(tmp_path):
     model = hybrid_model(tmp_path / "models")
     spec = FleetSpec(
-        model=str(model), gpus="0-6", stage=tmp_path / "shm", mtp=True, python="python3", sglang_version="0.5.11",
+        model=str(model), gpus="0-6", stage=tmp_path / "shm", engine_options=SglangOptions(mtp=True, sglang_version="0.5.11"), python="python3",
         extra=("--kv-cache-dtype", "fp8_e4m3"), log_dir=Path("logs"), fleet=tmp_path / "fleet.json",
     )  # fmt: skip
     prepared = prepare_launch(spec, dry_run=True)
@@ -62,8 +63,8 @@ def test_the_seven_gpu_mtp_fleet_is_planned_from_python(tmp_path):
 
 def test_python_and_the_command_print_the_same_dry_run_script(cli, tmp_path):
     model = hybrid_model(tmp_path)
-    spec = FleetSpec(model=str(model), gpus="0,2", mtp=True, python="python3", env=("OMP_NUM_THREADS=1",), fleet=tmp_path / "f.json",
-                     sglang_version="0.5.11")
+    spec = FleetSpec(model=str(model), gpus="0,2", engine_options=SglangOptions(mtp=True, sglang_version="0.5.11"), python="python3",
+                     env=("OMP_NUM_THREADS=1",), fleet=tmp_path / "f.json")
     r = cli("fleet", "up", "--model", model, "--gpus", "0,2", "--mtp", "--sglang-version", "0.5.11", "--python", "python3", "--env", "OMP_NUM_THREADS=1",
             "--fleet", tmp_path / "f.json", "--dry-run")  # fmt: skip
     assert r.exit_code == 0, r.output
@@ -72,7 +73,8 @@ def test_python_and_the_command_print_the_same_dry_run_script(cli, tmp_path):
 
 
 def test_a_dry_run_without_the_model_folder_prints_the_script_and_says_what_it_assumed(tmp_path):
-    spec = FleetSpec(model=MISSING, gpus="0-6", stage=Path("/dev/shm"), mtp=True, python="python3", extra=("--kv-cache-dtype", "fp8_e4m3"))
+    spec = FleetSpec(model=MISSING, gpus="0-6", stage=Path("/dev/shm"), engine_options=SglangOptions(mtp=True), python="python3",
+                     extra=("--kv-cache-dtype", "fp8_e4m3"))
     prepared = prepare_launch(spec, dry_run=True)
     first, hybrid, stage = prepared.notes
     assert "not found" in first and MISSING in first
@@ -87,11 +89,11 @@ def test_a_dry_run_without_the_model_folder_prints_the_script_and_says_what_it_a
 
 
 def test_only_the_choices_that_need_the_model_are_listed():
-    notes = prepare_launch(FleetSpec(model=MISSING, mtp=True, mamba_extra_buffer="on", sglang_version="0.5.11"), dry_run=True).notes
+    notes = prepare_launch(FleetSpec(model=MISSING, engine_options=SglangOptions(mtp=True, mamba_extra_buffer="on", sglang_version="0.5.11")), dry_run=True).notes
     assert len(notes) == 1 and "not found" in notes[0]  # extra_buffer forced on: no detection needed
-    argv = prepare_launch(FleetSpec(model=MISSING, mtp=True, mamba_extra_buffer="on", sglang_version="0.5.11"), dry_run=True).commands[0].argv
+    argv = prepare_launch(FleetSpec(model=MISSING, engine_options=SglangOptions(mtp=True, mamba_extra_buffer="on", sglang_version="0.5.11")), dry_run=True).commands[0].argv
     assert argv[-2:] == ["--mamba-scheduler-strategy", "extra_buffer"]
-    assert prepare_launch(FleetSpec(model="Qwen/Qwen3-8B", mtp=True), dry_run=True).notes == []  # a hub id, not a folder
+    assert prepare_launch(FleetSpec(model="Qwen/Qwen3-8B", engine_options=SglangOptions(mtp=True)), dry_run=True).notes == []  # a hub id, not a folder
 
 
 def test_the_readme_dry_run_works_without_the_model_and_notes_it_on_stderr(cli, tmp_path):
@@ -125,8 +127,8 @@ def test_without_dry_run_staging_a_missing_model_is_still_a_usage_error(cli, tmp
         (FleetSpec(model="m", gpus="3-1"), "--gpus"),
         (FleetSpec(model="m", env=("1X=1",)), "--env"),
         (FleetSpec(model="m", env={"A B": "1"}), "not a variable name"),
-        (FleetSpec(model="m", engine="transformers", mtp=True), "--mtp is an SGLang option"),
-        (FleetSpec(model="m", mamba_extra_buffer="maybe"), "--mamba-extra-buffer"),
+        (FleetSpec(model="m", engine="transformers", engine_options=SglangOptions(mtp=True)), "--mtp is an SGLang option"),
+        (FleetSpec(model="m", engine_options=SglangOptions(mamba_extra_buffer="maybe")), "--mamba-extra-buffer"),
         (FleetSpec(model="m", gpus="0-1", port_base=65535), "--port-base"),
     ],
 )

@@ -350,11 +350,13 @@ def _hybrid(folder: Path) -> Path:
 def test_fleet_up_asks_the_servers_python_for_its_sglang_release(tmp_path):
     from dqa.regen.fleet.spec import FleetSpec
     from dqa.regen.fleet.up import prepare_launch
+    from dqa.regen.servers.sglang import SglangOptions
 
     model = _hybrid(tmp_path)
 
     def argv(version, **kw):
-        prepared = prepare_launch(FleetSpec(model=str(model), mtp=True, python=str(_fake_sglang(tmp_path, version)), **kw), dry_run=True)
+        prepared = prepare_launch(FleetSpec(model=str(model), python=str(_fake_sglang(tmp_path, version)), engine_options=SglangOptions(mtp=True, **kw)),
+                                  dry_run=True)
         return prepared.commands[0].argv, prepared.notes
 
     assert argv("0.5.11")[0][-2:] == ["--mamba-scheduler-strategy", "extra_buffer"]

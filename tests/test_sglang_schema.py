@@ -151,7 +151,8 @@ def test_the_info_routes_decode_with_sglangs_types(sglang_api_types, mtp_stub):
 
 def test_fleet_up_flags_for_0_5_23_name_fields_of_its_server_args(sglang_api_types):
     from dqa.regen.fleet import launch as fl
-    from dqa.regen.fleet.spec import LaunchSpec
+    from dqa.regen.fleet.spec import FleetSpec
+    from dqa.regen.servers.sglang import SglangOptions
 
     order = Path(sglang_api_types.__file__).parents[2] / "srt" / "arg_groups" / "field_order.py"
     tree = ast.parse(order.read_text())
@@ -159,10 +160,10 @@ def test_fleet_up_flags_for_0_5_23_name_fields_of_its_server_args(sglang_api_typ
         ast.literal_eval(node.value) for node in tree.body
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "POSITIONAL_FIELD_ORDER"
     )  # fmt: skip
-    spec = LaunchSpec(model="/m", gpus=["0"], python="python3", mtp=True, hybrid=True, deterministic=True,
-                         sglang_version="0.5.23", mamba_extra_buffer="on")
+    spec = FleetSpec(model="/m", gpus=["0"], python="python3", engine_options=SglangOptions(mtp=True, hybrid=True, deterministic=True,
+                     sglang_version="0.5.23", mamba_extra_buffer="on"))
     flags = [a for a in fl.build_commands(spec)[0].argv[3:] if a.startswith("--")]
     assert flags and all(f[2:].replace("-", "_") in fields for f in flags), [f for f in flags if f[2:].replace("-", "_") not in fields]
     assert "mamba_scheduler_strategy" not in fields and "mamba_radix_cache_strategy" in fields  # gone in 0.5.20+
-    older = LaunchSpec(model="/m", gpus=["0"], python="python3", mtp=True, hybrid=True, sglang_version="0.5.17")
+    older = FleetSpec(model="/m", gpus=["0"], python="python3", engine_options=SglangOptions(mtp=True, hybrid=True, sglang_version="0.5.17"))
     assert "--mamba-radix-cache-strategy" in fl.build_commands(older)[0].argv  # the name 0.5.23 still has

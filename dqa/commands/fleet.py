@@ -96,16 +96,17 @@ def up(
 
     from dqa.regen.fleet.spec import FleetSpec
     from dqa.regen.fleet.up import launch_fleet, prepare_launch
+    from dqa.regen.servers.sglang import SglangOptions
 
+    # The SGLang flags go to SGLang's options whatever the engine: another engine refuses the
+    # ones that would change what runs (--mtp, --deterministic) and drops the rest.
+    sglang = SglangOptions(mtp=mtp, mamba_extra_buffer=mamba_extra_buffer, sglang_version=sglang_version, deterministic=deterministic)
     spec = FleetSpec(
         model=model,
         gpus=gpus,
         engine=engine,
+        engine_options=sglang,
         stage=stage,
-        mtp=mtp,
-        mamba_extra_buffer=mamba_extra_buffer,
-        sglang_version=sglang_version,
-        deterministic=deterministic,
         port_base=port_base,
         host=host,
         advertise_host=advertise_host,

@@ -26,6 +26,7 @@ from typing import Any
 
 from dqa.atomic import write_json
 from dqa.errors import InputError
+from dqa.regen.config import DEFAULT_ENGINE
 
 FLEET_VERSION = 1
 # The --fleet default of every fleet command: ./fleet.json, or $DQA_FLEET.
@@ -148,7 +149,7 @@ def parse_fleet(obj: Any, path: Path) -> Fleet:
         raise _bad(path, f"version {version!r}, expected {FLEET_VERSION}")
     from dqa.regen.servers import ENGINES, KINDS, PROTOCOLS
 
-    engine = obj.get("engine", "sglang")
+    engine = obj.get("engine", DEFAULT_ENGINE)
     if engine not in ENGINES:
         raise _bad(path, f"engine {engine!r}, expected one of {', '.join(ENGINES)}")
     protocol = obj.get("protocol", KINDS[engine].protocol)

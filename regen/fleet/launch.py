@@ -1,11 +1,11 @@
 """Launch, wait for and stop a fleet of model servers: one server process per GPU.
 
-``build_commands`` turns a ``LaunchSpec`` into one ``ServerCommand`` per GPU: an argument list
-(never a shell string; user text such as a model path with spaces passes through intact), the
-environment it adds (``CUDA_VISIBLE_DEVICES=i``), its port and its log file. The argument list
-itself is the engine's server kind's (``dqa.regen.servers``: ``servers.sglang`` per SGLANG.md and
-the SGLang release, ``servers.transformers`` for ``transformers serve``, the CPU stand-in), and so
-is the health path ``wait_healthy`` polls.
+``build_commands`` turns a ``FleetSpec`` (checked) into one ``ServerCommand`` per GPU: an argument
+list (never a shell string; user text such as a model path with spaces passes through intact),
+the environment it adds (``CUDA_VISIBLE_DEVICES=i``), its port and its log file. The argument list
+itself is the engine's server kind's (``dqa.regen.servers``: each kind's ``launch_argv`` reads the
+generic options and its own ``engine_options``), and so is the health path ``wait_healthy``
+polls.
 ``stage.stage_model`` copies the model folder to a RAM disk once. ``start_servers`` +
 ``wait_healthy`` bring the fleet up; ``stop_endpoint`` stops exactly a recorded process after
 checking it still is the one dqa started. The whole of `dqa fleet up` (checks, staging, start,
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shlex
 import signal
 import socket
@@ -30,17 +29,14 @@ from typing import Callable, Sequence
 from dqa.errors import InputError, RuntimeFailure, UsageError
 
 from dqa.regen.fleet.file import Endpoint, redact
-from dqa.regen.fleet.spec import LaunchSpec
+from dqa.regen.fleet.spec import FleetSpec
 from dqa.regen.servers import ENGINES, KINDS
-from dqa.regen.servers.sglang_releases import parse_version
 from dqa.regen.wire.http_probe import answers_ok
 
 # Per engine: the health path `fleet up` waits on.
 HEALTH_PATH = {name: KINDS[name].health_paths[0] for name in ENGINES}
 KILL_WAIT_S = 5.0  # how long a SIGKILLed process may take to disappear before it counts as "not stopped"
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
-# A POSIX shell variable name: anything else in `KEY=value` would be run by the dry-run script.
-ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass
@@ -62,59 +58,6 @@ class ServerCommand:
         return f"{env} {cmd} > {shlex.quote(str(self.log))} 2>&1 &".lstrip()
 
 
-def check_env_key(key: str, given: str | None = None) -> None:
-    """Raise ``UsageError`` unless ``key`` is a shell variable name (``[A-Za-z_][A-Za-z0-9_]*``);
-    ``given`` is the option text to quote in the message."""
-    if not ENV_KEY.fullmatch(key):
-        shown = given if given is not None else f"{key}=..."
-        raise UsageError(f"--env {shown!r}: {key!r} is not a variable name (letters, digits and _, not starting with a digit)")
-
-
-def parse_env(items: Sequence[str]) -> dict[str, str]:
-    """``["OMP_NUM_THREADS=1", "A=x=y"]`` -> ``{"OMP_NUM_THREADS": "1", "A": "x=y"}``.
-
-    Raises ``UsageError`` for an item without ``=`` or whose key is not a variable name.
-    """
-    out: dict[str, str] = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise UsageError(f"--env {item!r}: expected KEY=VALUE")
-        check_env_key(key, item)
-        out[key] = value
-    return out
-
-
-def parse_gpus(text: str) -> list[str]:
-    """``"0-6"`` -> ``["0", ..., "6"]``; ``"0,2,5"``; ``"0-3,6"``. A single number is one GPU id.
-
-    Raises ``UsageError`` on a malformed list or a repeated GPU.
-    """
-    out: list[str] = []
-    for part in text.replace(" ", "").split(","):
-        if not part:
-            continue
-        lo, dash, hi = part.partition("-")
-        try:
-            if dash:
-                a, b = int(lo), int(hi)
-                if a > b or a < 0:
-                    raise ValueError
-                out.extend(str(i) for i in range(a, b + 1))
-            else:
-                if int(part) < 0:
-                    raise ValueError
-                out.append(str(int(part)))
-        except ValueError:
-            raise UsageError(f"--gpus {text!r}: expected GPU ids like 0-6, 0,2,5 or 0-3,6") from None
-    if not out:
-        raise UsageError(f"--gpus {text!r}: no GPU ids")
-    dup = sorted({g for g in out if out.count(g) > 1}, key=int)
-    if dup:
-        raise UsageError(f"--gpus {text!r}: GPU {dup[0]} is listed twice")
-    return out
-
-
 def advertised_host(bind_host: str, advertise: str | None) -> str:
     """The host name to put in endpoint URLs: ``advertise`` if given, the bind host unless it is a
     wildcard, else this machine's primary address (no packet is sent), else 127.0.0.1."""
@@ -132,26 +75,24 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def server_argv(spec: LaunchSpec, port: int) -> list[str]:
-    """The argument list of one server listening on ``port``: its engine's ``launch_argv``
-    (SGLang: see SGLANG.md, "Launch"). Raises ``UsageError`` for an engine dqa cannot launch."""
+def server_argv(spec: FleetSpec, port: int) -> list[str]:
+    """The argument list of one server of ``spec`` (checked) listening on ``port``: its engine's
+    ``launch_argv``. Raises ``UsageError`` for an engine dqa cannot launch."""
     if spec.engine not in ENGINES:
         raise UsageError(f"--engine {spec.engine!r}: expected one of {', '.join(ENGINES)}")
     return KINDS[spec.engine].launch_argv(spec, port)
 
 
-def build_commands(spec: LaunchSpec) -> list[ServerCommand]:
+def build_commands(spec: FleetSpec) -> list[ServerCommand]:
     """One command per GPU: GPU ``gpus[k]`` gets port ``port_base + k`` and log ``gpu<id>.log``.
+    ``spec`` is checked first (``FleetSpec.checked``); ``up.prepare_launch`` also settles the
+    model path and what the engine options depend on.
 
-    Raises ``UsageError`` for an unknown engine, a bad mamba mode, an SGLang version that is not
-    a release number, a port past 65535 or an environment key that is not a variable name.
+    Raises ``UsageError`` for what ``checked`` refuses (an unknown engine, a GPU list, an
+    environment key that is not a variable name, engine options the kind refuses) and a port
+    past 65535.
     """
-    for key in spec.env:
-        check_env_key(key)
-    if spec.mamba_extra_buffer not in ("auto", "on", "off"):
-        raise UsageError(f"--mamba-extra-buffer {spec.mamba_extra_buffer!r}: expected auto, on or off")
-    if spec.sglang_version is not None and parse_version(spec.sglang_version) is None:
-        raise UsageError(f"--sglang-version {spec.sglang_version!r}: expected a release number such as 0.5.11")
+    spec = spec.checked()
     if spec.port_base < 1 or spec.port_base + len(spec.gpus) - 1 > 65535:
         raise UsageError(f"--port-base {spec.port_base}: ports {spec.port_base}..{spec.port_base + len(spec.gpus) - 1} must lie in 1..65535")
     host = advertised_host(spec.host, spec.advertise_host)

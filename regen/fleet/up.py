@@ -1,16 +1,18 @@
 """Bring a fleet up from Python: what `dqa fleet up` does, without printing.
 
-    spec = FleetSpec(model="/models/Qwen3.6-27B", gpus="0-6", stage=Path("/dev/shm"), mtp=True,
-                     extra=("--kv-cache-dtype", "fp8_e4m3"))
+    from dqa.regen.servers.sglang import SglangOptions   # the engine's own options
+
+    spec = FleetSpec(model="/models/Qwen3.6-27B", gpus="0-6", stage=Path("/dev/shm"),
+                     engine_options=SglangOptions(mtp=True), extra=("--kv-cache-dtype", "fp8_e4m3"))
     print(prepare_launch(spec, dry_run=True).script())   # the bash script, nothing started
     result = launch_fleet(spec)                           # servers healthy, fleet file written
 
 ``prepare_launch`` checks the options, works out the model path each server loads (the staged
-copy with ``stage``) and builds one command per GPU; nothing is started or written. With
-``dry_run=True`` a model folder that is not on this machine is allowed: the script is made
-anyway and ``notes`` say which model-dependent choices were made without it. Flags that differ
-between SGLang releases follow ``sglang_version``, else the release the servers' Python has
-(asked only when it changes the command), else the newest known (a note says so). ``launch_fleet``
+copy with ``stage``), lets the engine's server kind settle what its options depend on
+(``ServerKind.prepare``; SGLang: whether the model is hybrid Mamba, the release a flag depends on)
+and builds one command per GPU; nothing is started or written. With ``dry_run=True`` a model
+folder that is not on this machine is allowed: the script is made anyway and ``notes`` say which
+model-dependent choices were made without it. ``launch_fleet``
 stages the model, starts the servers, writes the fleet file and waits until every server
 generates; ``LaunchEvents`` is how a caller shows progress (the CLI: bars, log tails).
 What is launched is ``spec``; the building blocks (argument lists, health, stopping) are in ``launch``, staging in ``stage``.
@@ -19,9 +21,9 @@ What is launched is ``spec``; the building blocks (argument lists, health, stopp
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,23 +34,23 @@ from dqa.errors import InputError, RuntimeFailure, UsageError
 from dqa.regen.fleet import file as ff
 from dqa.regen.fleet import launch as fl
 from dqa.regen.fleet.logs import log_tail
-from dqa.regen.fleet.spec import FleetSpec, LaunchSpec
+from dqa.regen.fleet.spec import FleetSpec
 from dqa.regen.fleet.stage import stage_model
-from dqa.regen.servers import ENGINES, KINDS
-from dqa.regen.servers.sglang import is_hybrid_mamba
+from dqa.regen.servers import KINDS
 
 Progress = Callable[[int, int], None]
 
 
 @dataclass
 class PreparedLaunch:
-    """A checked ``FleetSpec``: the launch spec, one command per GPU, the staging copy
+    """A prepared ``FleetSpec``: ``spec`` as given, ``launch`` its checked form with the model
+    path the servers load and the engine options settled, one command per GPU, the staging copy
     ``(source folder, copy)`` if any, and ``notes``: model-dependent choices made without the
-    model (only with ``dry_run`` and a model folder that is not here), and the SGLang release
-    assumed when a flag depends on it and the servers' Python could not say."""
+    model (only with ``dry_run`` and a model folder that is not here), and what the engine's kind
+    assumed (SGLang: the release, when a flag depends on it and the servers' Python could not say)."""
 
     spec: FleetSpec
-    launch: LaunchSpec
+    launch: FleetSpec
     commands: list[fl.ServerCommand]
     stage: tuple[Path, Path] | None = None
     notes: list[str] = field(default_factory=list)
@@ -113,7 +115,7 @@ def _model_is_a_path(model: str, stage: Path | None) -> bool:
 def _missing_model_notes(spec: FleetSpec, model: str) -> list[str]:
     """What a dry run without the model folder decided without it (see ``prepare_launch``)."""
     notes = [f"model folder {model} not found on this machine; the script needs it where it runs"]
-    notes += KINDS[spec.engine].missing_model_notes(spec)  # SGLang: the hybrid-Mamba detection
+    notes += KINDS[spec.engine].missing_model_notes(spec)  # what the engine's options needed the model for
     if spec.stage is not None:
         notes.append(
             f"--stage free-space check needs the model's size: not done (`dqa fleet up` checks {spec.stage} at run time; the script's cp does not)"
@@ -124,25 +126,14 @@ def _missing_model_notes(spec: FleetSpec, model: str) -> list[str]:
 def prepare_launch(spec: FleetSpec, dry_run: bool = False) -> PreparedLaunch:
     """Check ``spec`` and build the server commands; starts and writes nothing.
 
-    Raises ``UsageError`` for an unknown engine, a malformed GPU list or ``--env`` item, ``mtp``
-    or ``deterministic`` with an engine other than sglang, an ``sglang_version`` that is not a
-    release number, a bad mamba mode or port range, and ``stage`` with a
-    model folder that does not exist (allowed with ``dry_run``: then ``notes`` say what was
-    decided without it).
+    Raises ``UsageError`` for what ``FleetSpec.checked`` refuses (an unknown engine, a malformed
+    GPU list or ``--env`` item, engine options the kind refuses: SGLang's ``--mtp`` or
+    ``--deterministic`` with another engine, a bad Mamba mode or release number), a bad port
+    range, and ``stage`` with a model folder that does not exist (allowed with ``dry_run``: then
+    ``notes`` say what was decided without it).
     """
-    if spec.engine not in ENGINES:
-        raise UsageError(f"--engine {spec.engine!r}: expected one of {', '.join(ENGINES)}")
-    kind = KINDS[spec.engine]
-    gpu_list = fl.parse_gpus(spec.gpus) if isinstance(spec.gpus, str) else fl.parse_gpus(",".join(spec.gpus))
-    if isinstance(spec.env, dict):
-        for key in spec.env:
-            fl.check_env_key(key)
-        env_map = dict(spec.env)
-    else:
-        env_map = fl.parse_env(spec.env)
-    fleet = Path(spec.fleet)
-    log_dir = Path(spec.log_dir) if spec.log_dir is not None else fleet.parent / "fleet-logs"
-
+    checked = spec.checked()
+    kind = KINDS[checked.engine]
     model_path = Path(spec.model).expanduser()
     local = model_path.exists()
     missing = not local and dry_run and _model_is_a_path(spec.model, spec.stage)
@@ -156,32 +147,12 @@ def prepare_launch(spec: FleetSpec, dry_run: bool = False) -> PreparedLaunch:
         stage_pair = (src, stage_dest)
         model_arg = str(stage_dest)
 
-    launch = LaunchSpec(
-        model=model_arg,
-        gpus=gpu_list,
-        engine=spec.engine,
-        host=spec.host,
-        advertise_host=spec.advertise_host,
-        port_base=spec.port_base,
-        context_length=spec.context_length or None,
-        max_running_requests=spec.max_running_requests or None,
-        reasoning_parser=None if spec.reasoning_parser.lower() in ("", "none") else spec.reasoning_parser,
-        enable_metrics=spec.metrics,
-        mtp=spec.mtp,
-        mamba_extra_buffer=spec.mamba_extra_buffer,
-        sglang_version=spec.sglang_version,
-        deterministic=spec.deterministic,
-        python=spec.python or sys.executable,
-        extra=list(spec.extra or []),
-        env=env_map,
-        log_dir=log_dir,
-        # Read from the source folder: a staged copy may not exist yet (--dry-run). Not here:
-        # not hybrid (the note says so).
-        hybrid=is_hybrid_mamba(str(model_path)) if local else (False if missing else None),
-    )
-    kind.check_launch(spec)  # options the engine has no use for (--mtp, --deterministic without SGLang)
-    notes = _missing_model_notes(spec, str(model_path)) if missing else []
-    kind.prepare(launch, notes)  # SGLang: the release a flag depends on, asked from the servers' Python
+    launch = dataclasses.replace(checked, model=model_arg)
+    notes = _missing_model_notes(launch, str(model_path)) if missing else []
+    # The kind reads the source folder (a staged copy may not exist yet: --dry-run) and may ask
+    # the servers' Python (SGLang: hybrid Mamba, the release a flag depends on).
+    options = kind.prepare(launch, model_path if local else None, notes)
+    launch = dataclasses.replace(launch, engine_options=options)
     commands = fl.build_commands(launch)
     return PreparedLaunch(spec=spec, launch=launch, commands=commands, stage=stage_pair, notes=notes)
 

@@ -7,12 +7,18 @@ launches one, and what `dqa fleet status` can read from it. One module per kind 
 (``servers/sglang.py``, ``servers/openai.py``, ``servers/transformers.py``); the registry is
 ``dqa.regen.servers.KINDS``.
 
+A kind that `dqa fleet up` launches also owns the options only its servers have: an
+``EngineOptions`` subclass in its module (``servers.sglang.SglangOptions``: MTP, the Mamba cache
+strategy, the SGLang release, deterministic inference), named by ``ServerKind.options``. A
+``fleet.spec.FleetSpec`` carries them as ``engine_options``; ``fleet/`` never reads their fields.
+
 Nothing here imports numpy, aiohttp or the kind modules: a kind is added by writing its module
 and listing it in ``servers/__init__.py``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from dqa.errors import UsageError
@@ -56,6 +62,24 @@ class Protocol:
         """Called with the parsed ``outcome`` of every 200 reply from ``url``."""
 
 
+@dataclass(frozen=True)
+class EngineOptions:
+    """The `dqa fleet up` options one server kind has and the others do not (this base: none).
+
+    A kind's subclass (a frozen dataclass, one field per option) lives in its module and is named
+    by its ``ServerKind.options``; ``fleet.spec.FleetSpec.engine_options`` holds one. Values are
+    checked when the launch is prepared, not when the object is made (``check``).
+    """
+
+    def check(self) -> None:
+        """Raise ``UsageError`` for a value these options cannot take (here: none)."""
+
+    def refuse_for(self, engine: str) -> None:
+        """Raise ``UsageError`` when an option is given that changes what runs but ``--engine
+        engine`` (another kind) has no use for; options that only refine these (a release number,
+        say) are let through, and dropped. Here: none."""
+
+
 class ServerKind:
     """One kind of model server: what dqa knows about it apart from the request itself.
 
@@ -66,8 +90,8 @@ class ServerKind:
     (``--tokenizer`` must be a folder); otherwise the prompt tokens go as they are, the
     generation prompt past the header included. ``health_paths``: where its health is read, best first; a 404 moves on to
     the next (the first is what `dqa fleet up` waits on). ``launchable``: `dqa fleet up --engine`
-    can start it (``launch_argv``). ``status`` fills in what `dqa fleet status` can read besides
-    up/down.
+    can start it (``launch_argv``); ``options``: its ``EngineOptions`` class. ``status`` fills in
+    what `dqa fleet status` can read besides up/down.
     """
 
     name = ""
@@ -75,6 +99,7 @@ class ServerKind:
     chat_rendered = False
     health_paths: tuple[str, ...] = ("/health",)
     launchable = False
+    options: type[EngineOptions] = EngineOptions
     no_metrics = "this server kind reports no metrics"
 
     def __repr__(self) -> str:
@@ -99,20 +124,29 @@ class ServerKind:
 
     # ------------------------------------------------------------------ fleet up
 
-    def check_launch(self, spec) -> None:
-        """Refuse `fleet up` options (a ``fleet.spec.FleetSpec``) this kind has no use for."""
-        if spec.mtp:
-            raise UsageError(f"--mtp is an SGLang option; drop it with --engine {self.name}")
-        if spec.deterministic:
-            raise UsageError(f"--deterministic is an SGLang option; drop it with --engine {self.name}")
+    def launch_options(self, given: EngineOptions | None) -> EngineOptions:
+        """The engine options of a launch with this kind: ``given`` when they are this kind's
+        (checked), this kind's defaults for None, and for another kind's options their own check,
+        then their ``refuse_for`` this kind, then this kind's defaults. Raises ``UsageError``."""
+        if given is None:
+            return self.options()
+        given.check()
+        if isinstance(given, self.options):
+            return given
+        given.refuse_for(self.name)
+        return self.options()
 
     def missing_model_notes(self, spec) -> list[str]:
-        """What a dry run without the model folder decides without it, besides the folder itself."""
+        """What a dry run without the model folder decides without it, besides the folder itself
+        (``spec``: the checked ``fleet.spec.FleetSpec``)."""
         return []
 
-    def prepare(self, launch, notes: list[str]) -> None:
-        """Settle what the launch command depends on (a ``fleet.spec.LaunchSpec``, changed in
-        place) before the commands are built; ``notes`` get what was assumed."""
+    def prepare(self, spec, model_dir, notes: list[str]) -> EngineOptions:
+        """Settle what the launch command depends on before the commands are built: returns
+        ``spec.engine_options`` (this kind's; ``spec`` the checked ``fleet.spec.FleetSpec``) with
+        what was found filled in. ``model_dir``: the model folder on this machine to read (its
+        source, not the staged copy), None when it is not here; ``notes`` get what was assumed."""
+        return spec.engine_options
 
     def launch_argv(self, spec, port: int) -> list[str]:
         """The argument list of one server of ``spec`` listening on ``port``."""

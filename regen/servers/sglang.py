@@ -1,6 +1,7 @@
 """SGLang: the native token-exact ``/generate`` protocol, ``/health_generate``, the
-``python -m sglang.launch_server`` command of `dqa fleet up` and the Prometheus ``/metrics`` (or
-``Decode batch`` log line) `dqa fleet status` reads. Facts per SGLang release (length check, the
+``python -m sglang.launch_server`` command of `dqa fleet up` with its own options
+(``SglangOptions``: MTP, the Mamba cache strategy, the release, deterministic inference) and the
+Prometheus ``/metrics`` (or ``Decode batch`` log line) `dqa fleet status` reads. Facts per SGLang release (length check, the
 Mamba cache strategy flag) are in ``servers.sglang_releases``; see shared/SGLANG.md.
 
 Request: ``POST /generate`` with ``input_ids`` and ``sampling_params``; the reply's
@@ -16,21 +17,24 @@ Status sources, best first: ``/metrics`` (``--enable-metrics``), parsed with
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dqa.errors import UsageError
 from dqa.regen.wire.outcome import ENDPOINT_FAULT_STATUS, FAIL, LENGTH, OK, RETRY, RETRY_STATUS, Outcome, error_in_body, short
-from dqa.regen.config import SamplingSpec
+from dqa.regen.config import DEFAULT_MAMBA_EXTRA_BUFFER, SamplingSpec
 from dqa.regen.jobs.job import Job
 from dqa.regen.wire.http_probe import http_get
 from dqa.regen.servers.sglang_releases import MAMBA_STRATEGY_FLAGS, NEWEST_KNOWN, mamba_extra_buffer_flags, parse_version
 
-from .base import Protocol, ServerKind
+from .base import EngineOptions, Protocol, ServerKind
 
 # ------------------------------------------------------------------------------ request and reply
 
@@ -110,6 +114,7 @@ MTP_FLAGS = [
     "--speculative-eagle-topk", "1",
     "--speculative-num-draft-tokens", "4",
 ]  # fmt: skip
+MAMBA_EXTRA_BUFFER_MODES = ("auto", "on", "off")  # --mamba-extra-buffer
 DETERMINISTIC_FLAG = "--enable-deterministic-inference"  # per-row seeds reproduce outputs (slower sampling)
 VERSION_QUERY = 'import importlib.metadata as m; print(m.version("sglang"))'
 
@@ -140,13 +145,49 @@ def is_hybrid_mamba(model: str) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class SglangOptions(EngineOptions):
+    """The `dqa fleet up` options only SGLang servers have (``FleetSpec.engine_options``).
+
+    ``mtp``: speculative decoding with the model's MTP heads (``MTP_FLAGS``);
+    ``mamba_extra_buffer``: with ``mtp``, the ``extra_buffer`` Mamba cache strategy: ``auto`` (when
+    the model is hybrid Mamba), ``on`` or ``off``; ``sglang_version``: the servers' release, for the
+    flags that differ between releases (None: asked from the servers' Python where it matters, else
+    ``NEWEST_KNOWN``); ``deterministic``: ``--enable-deterministic-inference`` (the per-row seeds
+    then take effect); ``hybrid``: the model is hybrid Mamba (None: read from its config.json).
+    """
+
+    mtp: bool = False
+    mamba_extra_buffer: str = DEFAULT_MAMBA_EXTRA_BUFFER
+    sglang_version: str | None = None
+    deterministic: bool = False
+    hybrid: bool | None = None
+
+    def check(self) -> None:
+        """Raise ``UsageError`` for a Mamba mode other than auto/on/off, or an ``sglang_version``
+        that is not a release number."""
+        if self.mamba_extra_buffer not in MAMBA_EXTRA_BUFFER_MODES:
+            raise UsageError(f"--mamba-extra-buffer {self.mamba_extra_buffer!r}: expected auto, on or off")
+        if self.sglang_version is not None and parse_version(self.sglang_version) is None:
+            raise UsageError(f"--sglang-version {self.sglang_version!r}: expected a release number such as 0.5.11")
+
+    def refuse_for(self, engine: str) -> None:
+        """``--mtp`` and ``--deterministic`` change what runs, so another engine refuses them; the
+        release and the Mamba mode (which only applies with ``--mtp``) are dropped."""
+        if self.mtp:
+            raise UsageError(f"--mtp is an SGLang option; drop it with --engine {engine}")
+        if self.deterministic:
+            raise UsageError(f"--deterministic is an SGLang option; drop it with --engine {engine}")
+
+
 def wants_extra_buffer(spec) -> bool:
-    """Whether the servers need the ``extra_buffer`` Mamba cache strategy: ``--mtp`` with
-    ``--mamba-extra-buffer on``, or ``auto`` and a hybrid Mamba model."""
-    if spec.engine != "sglang" or not spec.mtp:
+    """Whether the servers of ``spec`` (a checked ``FleetSpec``) need the ``extra_buffer`` Mamba
+    cache strategy: ``--mtp`` with ``--mamba-extra-buffer on``, or ``auto`` and a hybrid Mamba model."""
+    opts = spec.engine_options
+    if not isinstance(opts, SglangOptions) or not opts.mtp:
         return False
-    return spec.mamba_extra_buffer == "on" or (
-        spec.mamba_extra_buffer == "auto" and (spec.hybrid if spec.hybrid is not None else is_hybrid_mamba(spec.model))
+    return opts.mamba_extra_buffer == "on" or (
+        opts.mamba_extra_buffer == "auto" and (opts.hybrid if opts.hybrid is not None else is_hybrid_mamba(spec.model))
     )
 
 
@@ -165,7 +206,9 @@ def installed_sglang_version(python: str, timeout: float = 60.0) -> str | None:
 
 
 def launch_argv(spec, port: int) -> list[str]:
-    """The argument list of one SGLang server listening on ``port`` (see SGLANG.md, "Launch")."""
+    """The argument list of one SGLang server of ``spec`` (a checked ``FleetSpec``) listening on
+    ``port`` (see SGLANG.md, "Launch")."""
+    opts = spec.engine_options
     argv = [spec.python, "-m", "sglang.launch_server", "--model-path", spec.model, "--host", spec.host, "--port", str(port)]
     if spec.context_length:
         argv += ["--context-length", str(spec.context_length)]
@@ -173,15 +216,15 @@ def launch_argv(spec, port: int) -> list[str]:
         argv += ["--max-running-requests", str(spec.max_running_requests)]
     if spec.reasoning_parser:
         argv += ["--reasoning-parser", spec.reasoning_parser]
-    if spec.enable_metrics:
+    if spec.metrics:
         argv += ["--enable-metrics"]
-    if spec.deterministic:
+    if opts.deterministic:
         argv += [DETERMINISTIC_FLAG]
-    if spec.mtp:
+    if opts.mtp:
         argv += MTP_FLAGS
         given = any(a.split("=", 1)[0] in MAMBA_STRATEGY_FLAGS for a in spec.extra)
         if wants_extra_buffer(spec) and not given:
-            argv += mamba_extra_buffer_flags(parse_version(spec.sglang_version))
+            argv += mamba_extra_buffer_flags(parse_version(opts.sglang_version))
     return argv + list(spec.extra)
 
 
@@ -324,6 +367,7 @@ class Sglang(ServerKind):
     # /health_generate runs a 1-token generation (real liveness); /health may be a cheap 200.
     health_paths = ("/health_generate", "/health")
     launchable = True
+    options = SglangOptions
 
     async def preflight(self, transport, url: str, name: str, facts, timeout: float) -> str | None:
         """A server that is not SGLang and has no ``/generate`` (``GET`` answers 404; SGLang's
@@ -344,30 +388,35 @@ class Sglang(ServerKind):
         """``POST /generate`` with the prompt tokens as they are."""
         return SglangProtocol(sampling, model)
 
-    def check_launch(self, spec) -> None:
-        pass  # --mtp and --deterministic are SGLang options
-
     def missing_model_notes(self, spec) -> list[str]:
-        if spec.mtp and spec.mamba_extra_buffer == "auto":
+        opts = spec.engine_options
+        if opts.mtp and opts.mamba_extra_buffer == "auto":
             return [(
                 "hybrid-Mamba detection (--mtp with --mamba-extra-buffer auto) needs its config.json: "
                 "assumed not hybrid, so no extra_buffer Mamba cache strategy (pass --mamba-extra-buffer on for a hybrid model)"
             )]
         return []
 
-    def prepare(self, launch, notes: list[str]) -> None:
-        if launch.sglang_version is None and wants_extra_buffer(launch):
+    def prepare(self, spec, model_dir, notes: list[str]) -> SglangOptions:
+        """Whether the model is hybrid Mamba (read from ``model_dir``'s config.json; a model that
+        is not here: not hybrid), and, when the Mamba cache strategy flag depends on it, the
+        SGLang release of the servers' Python (else ``NEWEST_KNOWN``, and a note)."""
+        opts = spec.engine_options
+        if opts.hybrid is None:
+            opts = dataclasses.replace(opts, hybrid=is_hybrid_mamba(str(model_dir)) if model_dir is not None else False)
+        if opts.sglang_version is None and wants_extra_buffer(dataclasses.replace(spec, engine_options=opts)):
             # The Mamba cache strategy flag differs between releases: ask the servers' Python.
-            found = installed_sglang_version(launch.python)
+            found = installed_sglang_version(spec.python)
             if found is not None:
-                launch.sglang_version = found
+                opts = dataclasses.replace(opts, sglang_version=found)
             else:
                 flags = " ".join(mamba_extra_buffer_flags(parse_version(NEWEST_KNOWN))) or "no Mamba cache strategy flag"
                 notes.append(
-                    f"the SGLang release of {launch.python} could not be asked; assumed {NEWEST_KNOWN} (the newest known), "
+                    f"the SGLang release of {spec.python} could not be asked; assumed {NEWEST_KNOWN} (the newest known), "
                     f"so {flags} (pass --sglang-version for another release: <=0.5.13 takes --mamba-scheduler-strategy extra_buffer, "
                     "0.5.14-0.5.19 --mamba-radix-cache-strategy extra_buffer)"
                 )
+        return opts
 
     def launch_argv(self, spec, port: int) -> list[str]:
         return launch_argv(spec, port)

@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
-from .base import ServerKind
+from .base import EngineOptions, ServerKind
+
+
+@dataclass(frozen=True)
+class TransformersOptions(EngineOptions):
+    """`dqa fleet up --engine transformers` has no options of its own."""
 
 
 def transformers_executable(python: str) -> str:
@@ -27,11 +33,12 @@ class Transformers(ServerKind):
     protocol = "openai"
     health_paths = ("/health",)
     launchable = True
+    options = TransformersOptions
     no_metrics = "transformers serve has no /metrics or decode log"
 
     def launch_argv(self, spec, port: int) -> list[str]:
-        """``transformers serve MODEL --host H --port P`` and the extra arguments; the SGLang
-        options of ``spec`` do not apply."""
+        """``transformers serve MODEL --host H --port P`` and the extra arguments; the generic
+        server options of ``spec`` (context length, reasoning parser, metrics) do not apply."""
         return [transformers_executable(spec.python), "serve", spec.model, "--host", spec.host, "--port", str(port)] + list(spec.extra)
 
 
