@@ -352,6 +352,7 @@ def dispatch_settings(d: DispatchSpec) -> DispatchSettings:
         down_deadline=t.down_deadline,
         request_timeout=t.request,
         connect_timeout=t.connect,
+        sticky_wait=t.sticky_wait,
     )
 
 

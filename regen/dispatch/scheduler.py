@@ -3,7 +3,12 @@
 One asyncio loop drives everything: a dispatch loop hands ready jobs to the
 healthy endpoint with the fewest requests in flight (below its cap),
 preferring another endpoint than the one a retry failed on; each attempt is a
-task. Retry rules follow SGLANG.md: backoff on 408/429/5xx/abort/connection
+task. Conversations are sticky: a conversation's next turn (its prompt extends the previous
+turn's, which that server holds in its prefix cache) goes to the endpoint that answered the
+previous turn; while that endpoint is at its cap the turn waits for it (``Endpoint.parked``), for
+at most ``sticky_wait`` seconds, then goes to whichever endpoint has room; a turn whose endpoint
+is out, and a retry, go elsewhere at once. Where a conversation's turn was answered is kept only
+while it has turns to go (``home``). Retry rules follow SGLANG.md: backoff on 408/429/5xx/abort/connection
 errors with a fresh ``rid``; 400s and other client errors are recorded as
 failures; a request the server rejects whatever the row (an unknown field, no such route)
 stops the run (``fatal``) without recording the row. An endpoint with ``fail_threshold`` consecutive endpoint faults (or a
@@ -74,6 +79,7 @@ class DispatchSettings:
     down_deadline: float = Timeouts.down_deadline
     request_timeout: float = Timeouts.request
     connect_timeout: float = Timeouts.connect
+    sticky_wait: float = Timeouts.sticky_wait
 
 
 def open_transport(settings: DispatchSettings, headers: dict[str, str] | None = None, policy=None) -> AiohttpTransport:
@@ -139,6 +145,10 @@ class Dispatcher:
         self.request_failures = 0
         self.last_failure = ""
         self._rng = random.Random(0)
+        # Sticky conversations: row -> the endpoint that answered its latest turn, while it has turns to go.
+        self.home: dict[int, Endpoint] = {}
+        self.parked = 0  # next turns waiting for their endpoint (the sum of the endpoints' parked queues)
+        self.moved = 0  # next turns sent elsewhere than the endpoint that answered the turn before
 
     # -- public control -----------------------------------------------------------------
     def request_stop(self) -> None:
@@ -201,7 +211,8 @@ class Dispatcher:
                     self.refilling = True
                     self.loop.create_task(self._refill())
                 self._dispatch_ready()
-                if self.exhausted and not self.refilling and self._queued() == 0 and not self.retries and self.in_flight == 0:
+                if (self.exhausted and not self.refilling and self._queued() == 0 and not self.retries and self.in_flight == 0
+                        and self.parked == 0):
                     return
             await self.wake.wait()
 
@@ -259,6 +270,9 @@ class Dispatcher:
 
     def _dispatch_ready(self) -> None:
         now = time.monotonic()
+        cap = self.s.max_in_flight
+        if self.parked:
+            self._unpark(now)
         while True:
             job, from_retry = self._next_job(now)
             if job is None:
@@ -267,18 +281,63 @@ class Dispatcher:
                 self._pop(from_retry)
                 self._record_failure(job, None, job.error, 0.0)
                 continue
+            home = self.home.get(job.row) if job.last_endpoint is None else None  # a retry goes elsewhere
+            if home is not None and home.healthy:
+                self._pop(from_retry)
+                if home.in_flight < cap and not home.parked:
+                    self._send(job, home)
+                else:  # wait for it (the turns parked before this one go first)
+                    home.parked.append((now, job))
+                    self.parked += 1
+                    self.loop.call_later(self.s.sticky_wait, self.wake.set)
+                continue
             ep = self._pick(job.last_endpoint)
             if ep is None:
                 return
             self._pop(from_retry)
-            job.attempts += 1
-            ep.in_flight += 1
-            ep.counts.in_flight += 1
-            self.in_flight += 1
-            self.progress.in_flight += 1
-            task = self.loop.create_task(self._attempt(job, ep))
-            task.add_done_callback(functools.partial(self._finish, job, ep))
-            ep.tasks.add(task)
+            if home is not None:
+                self.moved += 1
+            self._send(job, ep)
+
+    def _unpark(self, now: float) -> None:
+        """Send the parked next turns: to their endpoint when it has room, elsewhere when they have
+        waited ``sticky_wait`` seconds (and another endpoint has room) or their endpoint is out (back
+        to the queue). Each queue is oldest first, so only its head can be due."""
+        cap = self.s.max_in_flight
+        for ep in self.endpoints:
+            q = ep.parked
+            while q:
+                since, job = q[0]
+                if not ep.healthy:
+                    q.popleft()
+                    self.parked -= 1
+                    self._requeue_now(job)  # its home is out: the queue's pick sends it elsewhere
+                    continue
+                if ep.in_flight < cap:
+                    q.popleft()
+                    self.parked -= 1
+                    self._send(job, ep)
+                    continue
+                if now - since < self.s.sticky_wait:
+                    break
+                other = self._pick(ep.url)
+                if other is None or other is ep:
+                    break
+                q.popleft()
+                self.parked -= 1
+                self.moved += 1
+                self._send(job, other)
+
+    def _send(self, job: Job, ep: Endpoint) -> None:
+        """Start an attempt of ``job`` on ``ep`` (a task; ``_finish`` is its done callback)."""
+        job.attempts += 1
+        ep.in_flight += 1
+        ep.counts.in_flight += 1
+        self.in_flight += 1
+        self.progress.in_flight += 1
+        task = self.loop.create_task(self._attempt(job, ep))
+        task.add_done_callback(functools.partial(self._finish, job, ep))
+        ep.tasks.add(task)
 
     # -- one attempt ----------------------------------------------------------------------
     async def _attempt(self, job: Job, ep: Endpoint) -> tuple[Outcome, frozenset[str], float]:
@@ -389,7 +448,7 @@ class Dispatcher:
         r = Result(
             job.row, job.sample_id, job.prompt, outcome.output_ids, status, outcome.finish_reason, None,
             ep.name, job.attempts, latency, self.protocol.model or self.model, self._sampling_for(ep, job), job.seed, time.time(),
-            *_turn_fields(job),
+            *_turn_fields(job), outcome.cached_tokens,
         )
         self.sink(encode(r), r)
         # A conversation goes on with its next turn, on the history regenerated so far, only after an ok
@@ -397,9 +456,12 @@ class Dispatcher:
         # never sees a later turn without the earlier one). A length cut ends the conversation.
         nxt = job.next_job(outcome.output_ids) if status == "ok" and hasattr(job, "next_job") else None
         if nxt is not None:
+            self.home[job.row] = ep  # its next turn goes back here (sticky)
             self.progress.record_turn(n)
             self._requeue_now(nxt)
         else:
+            if self.home:
+                self.home.pop(job.row, None)  # the conversation is done: forget where it ran
             self.progress.record(status, n)
         self.answered += 1
         ep.counts.done += 1
@@ -412,6 +474,8 @@ class Dispatcher:
             *_turn_fields(job),
         )
         self.sink(encode(r), r)
+        if self.home:
+            self.home.pop(job.row, None)
         self.progress.record("failed", 0)
         if ep is not None:
             ep.counts.failed += 1

@@ -19,6 +19,14 @@ project's notes in shared/SGLANG.md):
   no_stop_trim, ignore_eos, sampling_seed}, ``rid`` and ``stream``. It replies ``text``,
   ``output_ids`` and ``meta_info`` {id, finish_reason, prompt_tokens, completion_tokens,
   cached_tokens, e2e_latency, and with speculative decoding spec_verify_ct, spec_accept_length}.
+- ``cached_tokens`` is what the radix cache held of the prompt (``PrefixCache``): the longest
+  prefix of the input ids that an earlier request's prompt, or prompt + output once it finished,
+  began with, token-exact (page size 1), at most ``len(input_ids) - 1`` (at least one token is
+  computed); 0 with ``--disable-radix-cache``. The OpenAI route reports it as
+  ``usage.prompt_tokens_details.cached_tokens`` only with ``--enable-cache-report`` (else
+  ``prompt_tokens_details`` is null). Per process: a killed and restarted server starts
+  with an empty cache. A conversation's next turn sent to the server of its previous turn finds
+  that turn's prompt cached; sent to another server, nothing past the shared system prompt.
 - ``finish_reason`` is ``{"type": "stop", "matched": 151645}`` (the matched stop token id; the
   stop token is the last element of ``output_ids``), ``{"type": "length", "length": N}``, or
   ``{"type": "abort", "message": ..., "status_code": ...}``.
@@ -421,6 +429,50 @@ class Histogram:
         return out
 
 
+class PrefixCache:
+    """The radix cache's prefix matching, token-exact: which prefixes of earlier sequences are held.
+
+    A sequence is cut into blocks of ``BLOCK`` tokens; a block's key chains the key of the blocks
+    before it (``hash((key, block))``, the root 0). Every prefix of every block is kept as
+    ``hash((key, block[:j]))``, so ``match`` costs at most ``BLOCK`` look-ups per block. When more
+    than ``max_tokens`` prefixes are held the cache is emptied (SGLang evicts least-recently-used
+    leaves; a stand-in only needs to stay bounded).
+    """
+
+    BLOCK = 16
+
+    def __init__(self, max_tokens: int) -> None:
+        self.keys: set[int] = set()
+        self.max_tokens = max_tokens
+
+    def match(self, ids: list[int]) -> int:
+        """How many leading tokens of ``ids`` are held."""
+        key, n, b = 0, 0, self.BLOCK
+        keys = self.keys
+        for i in range(0, len(ids), b):
+            block = tuple(ids[i : i + b])
+            if len(block) == b and hash((key, block)) in keys:
+                key = hash((key, block))
+                n += b
+                continue
+            for j in range(len(block), 0, -1):
+                if hash((key, block[:j])) in keys:
+                    return n + j
+            return n
+        return n
+
+    def insert(self, ids: list[int]) -> None:
+        """Hold every prefix of ``ids``."""
+        key, b = 0, self.BLOCK
+        keys = self.keys
+        for i in range(0, len(ids), b):
+            block = tuple(ids[i : i + b])
+            keys.update(hash((key, block[:j])) for j in range(1, len(block) + 1))
+            key = hash((key, block))
+        if len(keys) > self.max_tokens:
+            keys.clear()
+
+
 class State:
     """Everything one server process knows: config, faults, counters, in-flight rids."""
 
@@ -465,7 +517,7 @@ class State:
         self._tokens_at_tick = 0
         self._tick_at = time.monotonic()
         self.recent: deque[dict[str, Any]] = deque(maxlen=args.request_log_size)
-        self.seen_prompts: set[int] = set()
+        self.prefix_cache = PrefixCache(args.max_total_tokens) if not args.disable_radix_cache else None
         self.first_seed: dict[int, Any] = {}  # prompt -> the first sampling_seed seen (content faults)
         self.log_file = open(args.log_file, "a", buffering=1) if args.log_file else sys.stderr
 
@@ -715,10 +767,11 @@ async def _generate_one(st: State, ids: list[int], sp: dict, rid: str) -> dict:
     else:
         planned = planned[:-1]
     out_ids, finish = cut_reply(planned, max_new, stop_ids)
-    key = hash(tuple(ids))
-    cached = max(len(ids) - 1, 0) if key in st.seen_prompts else 0
-    if len(st.seen_prompts) < 1_000_000:
-        st.seen_prompts.add(key)
+    cache = st.prefix_cache
+    cached = 0
+    if cache is not None:
+        cached = min(cache.match(ids), max(len(ids) - 1, 0))
+        cache.insert(ids)  # the prompt is held once prefilled; prompt + output once finished (below)
     f = st.faults
     st.queued += 1
     async with st.sem:
@@ -735,6 +788,8 @@ async def _generate_one(st: State, ids: list[int], sp: dict, rid: str) -> dict:
             st.running_tokens -= len(ids) + len(out_ids)
     e2e = time.monotonic() - t0
     n_out = len(out_ids)
+    if cache is not None and n_out > 1:
+        cache.insert(ids + out_ids[:-1])  # the last output token has no KV entry yet
     st.num_requests += 1
     st.prompt_tokens += len(ids)
     st.generation_tokens += n_out
@@ -946,11 +1001,13 @@ async def handle_chat(request):
             st.num_aborted += 1
             st.record(rid, "abort", len(ids))
             finish, content, reasoning, matched, n_out = "abort", "", None, None, 0
+            cached = 0
         else:
             res = await _generate_one(st, ids, sp, rid)
             st.record(rid, "ok", len(ids))
             out = res["output_ids"]
             n_out = len(out)
+            cached = res["meta_info"]["cached_tokens"]
             fr = res["meta_info"]["finish_reason"]
             finish = fr["type"]
             matched = fr.get("matched")
@@ -966,7 +1023,8 @@ async def handle_chat(request):
         created = int(time.time())
         message = {"role": "assistant", "content": content, "reasoning_content": reasoning, "tool_calls": None}
         usage = {"prompt_tokens": len(ids), "completion_tokens": n_out, "total_tokens": len(ids) + n_out,
-                 "prompt_tokens_details": None, "reasoning_tokens": 0}
+                 "prompt_tokens_details": {"cached_tokens": cached} if st.args.enable_cache_report else None,
+                 "reasoning_tokens": 0}
         model = obj.get("model") or st.args.served_model_name  # 0.5.23 echoes the request's model, whatever it names
         body = {"id": rid, "object": "chat.completion", "created": created, "model": model,
                 "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
@@ -1194,6 +1252,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"default: the model's own ({MODEL_CONTEXT}); /server_info says null unless given, as 0.5.23 does")
     p.add_argument("--max-running-requests", type=int, default=48)
     p.add_argument("--max-total-tokens", type=int, default=400_000)
+    p.add_argument("--disable-radix-cache", action="store_true", help="no prefix cache: cached_tokens is always 0")
+    p.add_argument("--enable-cache-report", action="store_true",
+                   help="the OpenAI route's usage carries prompt_tokens_details.cached_tokens")
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--reasoning-parser", default=None, choices=[None, "qwen3"])
     p.add_argument("--api-key", default=None)
