@@ -195,6 +195,6 @@ class EndpointHealth:
             return
         facts = await discover(self.transport, ep.url, self.s.health_timeout)
         if facts.complete or ep.facts is None:
-            self._learn(ep, facts)
+            self.learn(ep, facts)
             if facts.complete:
                 self.log(describe(ep.name, facts))
