@@ -195,7 +195,9 @@ class DispatchSpec:
     environment variable, requests in flight per endpoint; ``gpus`` and ``gpu_hour_cost`` for the
     cost figures (``gpus`` default: the fleet file's, else one per endpoint); ``ca_bundle``: the
     CA certificates that verify ``https://`` servers (None: ``$SSL_CERT_FILE``,
-    ``$REQUESTS_CA_BUNDLE``, else the system's; ``http_policy``)."""
+    ``$REQUESTS_CA_BUNDLE``, else the system's; ``http_policy``); ``sticky``: a conversation's next
+    turn goes to the endpoint that answered its previous turn (``Timeouts.sticky_wait``); False
+    only for comparisons (bench/bench_regen_sticky.py): every request to the least busy endpoint."""
 
     endpoints: tuple[str, ...] = ()
     fleet: str | None = None
@@ -206,6 +208,7 @@ class DispatchSpec:
     gpus: int | None = None
     gpu_hour_cost: float = 0.0
     ca_bundle: str | None = None
+    sticky: bool = True
     timeouts: Timeouts = field(default_factory=Timeouts)
     retries: Retries = field(default_factory=Retries)
 

@@ -353,6 +353,7 @@ def dispatch_settings(d: DispatchSpec) -> DispatchSettings:
         request_timeout=t.request,
         connect_timeout=t.connect,
         sticky_wait=t.sticky_wait,
+        sticky=d.sticky,
     )
 
 

@@ -80,6 +80,7 @@ class DispatchSettings:
     request_timeout: float = Timeouts.request
     connect_timeout: float = Timeouts.connect
     sticky_wait: float = Timeouts.sticky_wait
+    sticky: bool = True  # False: no conversation affinity, every request to the least busy endpoint
 
 
 def open_transport(settings: DispatchSettings, headers: dict[str, str] | None = None, policy=None) -> AiohttpTransport:
@@ -456,7 +457,8 @@ class Dispatcher:
         # never sees a later turn without the earlier one). A length cut ends the conversation.
         nxt = job.next_job(outcome.output_ids) if status == "ok" and hasattr(job, "next_job") else None
         if nxt is not None:
-            self.home[job.row] = ep  # its next turn goes back here (sticky)
+            if self.s.sticky:
+                self.home[job.row] = ep  # its next turn goes back here
             self.progress.record_turn(n)
             self._requeue_now(nxt)
         else:
