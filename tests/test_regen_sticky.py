@@ -32,7 +32,7 @@ from regen_helpers import read_shards
 from servers.sglang_contract import StubServer
 
 CONVERSATIONS = 24
-TURNS = 4
+TURNS = [2 + i % 4 for i in range(CONVERSATIONS)]  # 2-5 assistant turns: conversations end all through a run
 FAST = dict(health_interval=0.5, health_timeout=2.0, backoff_base=0.05, backoff_max=0.3, live=False, install_signal_handlers=False)
 
 
@@ -51,7 +51,7 @@ def dataset(qwen3, tmp_path_factory) -> Path:
     rows = []
     for i in range(CONVERSATIONS):
         msgs = []
-        for k in range(TURNS):
+        for k in range(TURNS[i]):
             msgs.append({"role": "user", "content": f"Question {i}.{k}: {sentence(rng, 8)}"})
             msgs.append({"role": "assistant", "content": sentence(rng, 12), "reasoning_content": sentence(rng, 16)})
         rows.append(specforge(model, msgs))
@@ -63,9 +63,11 @@ def dataset(qwen3, tmp_path_factory) -> Path:
 
 
 def regen(dataset: Path, tok: Path, out: Path, urls: list[str], **kw):
+    """``dqa regen --all --turns all`` over ``urls`` with 16 requests in flight per endpoint: more
+    room than conversations, so the least busy endpoint is often not the one of the previous turn."""
     logs: list[str] = []
     cfg = RegenConfig(dataset=str(dataset), out=str(out), endpoints=urls, failed_only=False, turns="all", tokenizer=str(tok),
-                      max_in_flight=4, log=logs.append, **{**FAST, **kw})
+                      max_in_flight=16, log=logs.append, **{**FAST, **kw})
     return regenerate(cfg), logs
 
 
@@ -73,7 +75,7 @@ def turns_by_row(out: Path) -> dict[int, list[dict]]:
     """Every row's records in turn order; asserts each (row, turn) is there exactly once and ok."""
     recs = read_shards(out).to_pylist()
     keys = sorted((r["row"], r["turn"]) for r in recs)
-    assert keys == [(row, t) for row in range(CONVERSATIONS) for t in range(TURNS)], "not every (row, turn) exactly once"
+    assert keys == [(row, t) for row in range(CONVERSATIONS) for t in range(TURNS[row])], "not every (row, turn) exactly once"
     assert {r["status"] for r in recs} == {"ok"}, {r["error"] for r in recs}
     rows: dict[int, list[dict]] = defaultdict(list)
     for r in sorted(recs, key=lambda r: (r["row"], r["turn"])):
@@ -89,13 +91,13 @@ def same_endpoint_share(rows: dict[int, list[dict]]) -> float:
 @pytest.mark.parametrize("slow_factor", [1, 6], ids=["equal-speed", "one-6x-slower"])
 def test_consecutive_turns_of_a_conversation_stay_on_the_endpoint_that_holds_their_prefix(slow_factor, qwen3, dataset, tmp_path):
     """Two endpoints, of equal speed or one six times slower: >= 90% of consecutive turns of a
-    conversation are answered by the same endpoint (least-in-flight dispatch alone gave 0.61-0.67
-    with the slow one), both endpoints take conversations, every (row, turn) is recorded once.
+    conversation are answered by the same endpoint (least-in-flight dispatch alone, as before: about
+    0.9 and 0.8 here), both endpoints take conversations, every (row, turn) is recorded once.
     A turn sent where the previous one ran finds that turn's whole prompt cached."""
     tok, _ = qwen3
-    latency = 0.02
-    with StubServer(tmp_path / "a", "--latency-s", str(latency)) as a, \
-            StubServer(tmp_path / "b", "--latency-s", str(latency * slow_factor)) as b:
+    lat, jitter = 0.02, 0.03
+    with StubServer(tmp_path / "a", "--latency-s", str(lat), "--latency-jitter-s", str(jitter)) as a, \
+            StubServer(tmp_path / "b", "--latency-s", str(lat * slow_factor), "--latency-jitter-s", str(jitter * slow_factor)) as b:
         res, logs = regen(dataset, tok, tmp_path / "out", [a.url, b.url])
     assert res.exit_code == 0, (res.message, logs)
     rows = turns_by_row(tmp_path / "out")
@@ -126,7 +128,7 @@ def test_a_conversation_moves_when_its_endpoint_is_killed_mid_run_and_sticks_to_
         k = next(i for i, (p, c) in enumerate(zip(recs, recs[1:])) if p["endpoint"] != c["endpoint"])
         assert {r["endpoint"] for r in recs[k + 1 :]} == {b.url}  # it sticks to the new one
         assert recs[k + 1]["cached_tokens"] < recs[k]["prompt_len"]  # B never saw that history
-    assert sum(len(recs) for recs in rows.values()) == CONVERSATIONS * TURNS
+    assert sum(len(recs) for recs in rows.values()) == sum(TURNS)
 
 
 def _dispatch(urls: list[str], sticky_wait: float, home_of: int) -> tuple[dict, object]:
