@@ -430,47 +430,37 @@ class Histogram:
 
 
 class PrefixCache:
-    """The radix cache's prefix matching, token-exact: which prefixes of earlier sequences are held.
-
-    A sequence is cut into blocks of ``BLOCK`` tokens; a block's key chains the key of the blocks
-    before it (``hash((key, block))``, the root 0). Every prefix of every block is kept as
-    ``hash((key, block[:j]))``, so ``match`` costs at most ``BLOCK`` look-ups per block. When more
-    than ``max_tokens`` prefixes are held the cache is emptied (SGLang evicts least-recently-used
-    leaves; a stand-in only needs to stay bounded).
-    """
-
-    BLOCK = 16
+    """The radix cache's prefix matching, token-exact (page size 1): a trie of the token ids of
+    earlier sequences, one dict per token. ``match`` walks it; ``insert`` adds what is new. When it
+    would hold more than ``max_tokens`` tokens it is emptied first (SGLang evicts least-recently-used
+    leaves; a stand-in only needs to stay bounded)."""
 
     def __init__(self, max_tokens: int) -> None:
-        self.keys: set[int] = set()
+        self.root: dict = {}
+        self.size = 0
         self.max_tokens = max_tokens
 
     def match(self, ids: list[int]) -> int:
         """How many leading tokens of ``ids`` are held."""
-        key, n, b = 0, 0, self.BLOCK
-        keys = self.keys
-        for i in range(0, len(ids), b):
-            block = tuple(ids[i : i + b])
-            if len(block) == b and hash((key, block)) in keys:
-                key = hash((key, block))
-                n += b
-                continue
-            for j in range(len(block), 0, -1):
-                if hash((key, block[:j])) in keys:
-                    return n + j
-            return n
+        node, n = self.root, 0
+        for t in ids:
+            node = node.get(t)
+            if node is None:
+                break
+            n += 1
         return n
 
     def insert(self, ids: list[int]) -> None:
         """Hold every prefix of ``ids``."""
-        key, b = 0, self.BLOCK
-        keys = self.keys
-        for i in range(0, len(ids), b):
-            block = tuple(ids[i : i + b])
-            keys.update(hash((key, block[:j])) for j in range(1, len(block) + 1))
-            key = hash((key, block))
-        if len(keys) > self.max_tokens:
-            keys.clear()
+        if self.size + len(ids) > self.max_tokens:
+            self.root, self.size = {}, 0
+        node = self.root
+        for t in ids:
+            nxt = node.get(t)
+            if nxt is None:
+                nxt = node[t] = {}
+                self.size += 1
+            node = nxt
 
 
 class State:
@@ -517,7 +507,8 @@ class State:
         self._tokens_at_tick = 0
         self._tick_at = time.monotonic()
         self.recent: deque[dict[str, Any]] = deque(maxlen=args.request_log_size)
-        self.prefix_cache = PrefixCache(args.max_total_tokens) if not args.disable_radix_cache else None
+        # bounded below the KV pool: a dict per cached token costs ~200 bytes here
+        self.prefix_cache = PrefixCache(min(args.max_total_tokens, 200_000)) if not args.disable_radix_cache else None
         self.first_seed: dict[int, Any] = {}  # prompt -> the first sampling_seed seen (content faults)
         self.log_file = open(args.log_file, "a", buffering=1) if args.log_file else sys.stderr
 
