@@ -327,8 +327,9 @@ def part_loopback(args: argparse.Namespace, work: Path) -> dict:
     minutes) and their median is the figure."""
     dataset = build_dataset(work / "loopback.parquet", args.rows)
     prompts = prompts_of(dataset, args.baseline_rows)
+    # no prefix cache: its per-token bookkeeping would be the stub's largest CPU cost per request
     stub_args = ["--zero-latency", "--request-log-size", "0", "--think-min", "24", "--think-max", "40",
-                 "--max-running-requests", "100000"]
+                 "--max-running-requests", "100000", "--disable-radix-cache"]
     floor_bodies = [json.dumps({"input_ids": p, "rid": f"f{i}", "sampling_params": {"max_new_tokens": args.max_new_tokens,
                     "sampling_seed": i}}).encode() for i, p in enumerate(prompts_of(dataset, args.rows))]
     rounds: list[list[Figure]] = []

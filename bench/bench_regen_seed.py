@@ -306,7 +306,7 @@ def start_stub(work: Path) -> tuple[subprocess.Popen, str]:
     log = open(work / "stub.log", "w")
     proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "servers" / "sglang_contract.py"), "--port", "0",
                              "--zero-latency", "--vocab", "qwen3", "--think-min", "24", "--think-max", "40",
-                             "--request-log-size", "0"], stdout=subprocess.PIPE, stderr=log, text=True)
+                             "--request-log-size", "0", "--disable-radix-cache"], stdout=subprocess.PIPE, stderr=log, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         line = proc.stdout.readline()

@@ -159,8 +159,10 @@ class Timeouts:
     """Seconds: one attempt's whole reply, from its connection to the last byte (``request``),
     getting a connection (``connect``, on its own clock before that), between health checks
     (``health_interval``) and for one (``health``), no healthy endpoint before the run stops
-    (``down_deadline``), and connect tries at start-up before an endpoint counts as unreachable
-    (``preflight_window``)."""
+    (``down_deadline``), connect tries at start-up before an endpoint counts as unreachable
+    (``preflight_window``), and how long a conversation's next turn waits for the endpoint that
+    served its previous turn (and holds that prefix in its cache) while it is at its in-flight
+    limit, before the conversation moves to another (``sticky_wait``)."""
 
     request: float = field(default=3600.0, metadata={"flat": "request_timeout"})
     connect: float = field(default=10.0, metadata={"flat": "connect_timeout"})
@@ -168,6 +170,7 @@ class Timeouts:
     health: float = field(default=30.0, metadata={"flat": "health_timeout"})
     down_deadline: float = 600.0
     preflight_window: float = 6.0
+    sticky_wait: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -194,7 +197,9 @@ class DispatchSpec:
     CA certificates that verify ``https://`` servers (None: ``$SSL_CERT_FILE``,
     ``$REQUESTS_CA_BUNDLE``, else the system's; ``http_policy``); ``context_length``: the servers'
     context length where they do not say it (an SGLang router whose workers cannot be asked), the
-    smaller one where they do (None: what they say)."""
+    smaller one where they do (None: what they say); ``sticky``: a conversation's next
+    turn goes to the endpoint that answered its previous turn (``Timeouts.sticky_wait``); False
+    only for comparisons (bench/bench_regen_sticky.py): every request to the least busy endpoint."""
 
     endpoints: tuple[str, ...] = ()
     fleet: str | None = None
@@ -206,6 +211,7 @@ class DispatchSpec:
     gpu_hour_cost: float = 0.0
     ca_bundle: str | None = None
     context_length: int | None = None
+    sticky: bool = True
     timeouts: Timeouts = field(default_factory=Timeouts)
     retries: Retries = field(default_factory=Retries)
 

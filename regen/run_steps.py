@@ -353,6 +353,8 @@ def dispatch_settings(d: DispatchSpec) -> DispatchSettings:
         request_timeout=t.request,
         connect_timeout=t.connect,
         context_length=d.context_length,
+        sticky_wait=t.sticky_wait,
+        sticky=d.sticky,
     )
 
 

@@ -285,3 +285,39 @@ def test_chat_route_rejects_return_token_ids_with_stream_as_a_400(server):
                           "input_ids": PROMPT, "return_token_ids": True, "max_tokens": 4, "stream": True})
     assert status == 400
     assert json.loads(body)["message"].startswith("return_token_ids is not supported with streaming")
+
+
+# --- the radix cache: what a sticky next turn finds ----------------------------------------------
+
+
+def test_shards_record_the_cached_tokens_the_real_server_reports(sglang_run):
+    assert sglang_run["rows"] and all(isinstance(r["cached_tokens"], int) and 0 <= r["cached_tokens"] < r["prompt_len"]
+                                      for r in sglang_run["rows"])
+
+
+def test_prefix_cache_hit_rate_of_turns_2_plus_sent_to_the_server_of_the_previous_turn(server):
+    """Multi-turn conversations as dqa builds them (turn k + 1's prompt = turn k's prompt + its
+    output + the end of turn + the next user message + the assistant header), every turn sent to
+    this one server, as sticky dispatch does: turns 2+ find at least the previous turn's prompt
+    cached (``meta_info.cached_tokens``), and the hit rate (cached / prompt tokens) is printed."""
+    user = lambda i, k: [151644, 872, 198, 9707 + i, 11 + k, 1879, 151645, 198, 151644, 77091, 198]  # noqa: E731
+    cached = prompts = 0
+    for i in range(4):
+        prompt = [151644, 8948, 198, 2610, 525, 264, 10950, 17847, 13, 151645, 198] + user(i, 0)  # a system message first
+        for k in range(3):
+            status, body = _http(server["url"] + "/generate",
+                                 {"input_ids": prompt, "sampling_params": {"max_new_tokens": 16, "temperature": 0}, "rid": f"c{i}-{k}"})
+            assert status == 200, body
+            reply = json.loads(body)
+            meta = reply["meta_info"]
+            assert isinstance(meta["cached_tokens"], int)
+            if k:
+                assert meta["cached_tokens"] >= previous, (k, meta)
+                cached += meta["cached_tokens"]
+                prompts += len(prompt)
+            previous = len(prompt)
+            out = reply["output_ids"]
+            prompt = prompt + out + ([151645, 198] if out[-1:] != [151645] else [198]) + user(i, k + 1)
+    rate = cached / prompts
+    print(f"real SGLang CPU: prefix-cache hit rate of turns 2+ = {rate:.3f} ({cached} of {prompts} prompt tokens)")
+    assert rate >= 0.5

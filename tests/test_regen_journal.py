@@ -225,18 +225,38 @@ def test_a_crash_while_a_shard_is_half_written_leaves_only_the_log(tmp_path):
 
 def test_record_meta_is_the_json_of_its_fields_byte_for_byte():
     """Records keep their on-disk format (older runs resume from it): the meta after the numbers is
-    json.dumps of the ten fields, whatever the ids, errors and multi-turn fields hold."""
+    json.dumps of the eleven fields, whatever the ids, errors, multi-turn fields and cached tokens hold."""
     import itertools
     import json
 
     from dqa.regen.store.journal import _meta
 
-    for sid, err, kept, turn in itertools.product([None, "s1", 'we"ird\u00e9\n', ""], [None, 'boom "x"'], [-1, 0, 17], [0, 2]):
+    for sid, err, kept, turn, cached in itertools.product([None, "s1", 'we"ird\u00e9\n', ""], [None, 'boom "x"'], [-1, 0, 17],
+                                                          [0, 2], [None, 0, 4096]):
         r = Result(3, sid, np.zeros(2, np.int32), np.zeros(1, np.int32), "ok", "stop", err, "http://e", 1, 0.5, "m\u00fc",
-                   '{"a": 1}', 7, 1.0, turn, 3, kept)
-        fields = [r.sample_id, r.status, r.finish_reason, r.error, r.endpoint, r.model, r.sampling, r.turn, r.turns, r.kept_len]
+                   '{"a": 1}', 7, 1.0, turn, 3, kept, cached)
+        fields = [r.sample_id, r.status, r.finish_reason, r.error, r.endpoint, r.model, r.sampling, r.turn, r.turns, r.kept_len,
+                  r.cached_tokens]
         assert _meta(r) == json.dumps(fields).encode()
         assert _meta(r) == json.dumps(fields).encode()  # the second time from the cached tail
+
+
+def test_records_written_before_cached_tokens_decode_with_none_and_new_ones_keep_the_count(tmp_path):
+    """A journal of an earlier run (ten meta fields) still decodes: its records say nothing about
+    cached tokens (None, a null in the shard); a record with a count keeps it into the shard."""
+    import json
+    import zlib
+
+    from dqa.regen.store.journal import FIXED, FRAME, decode_segment, encode, results_table
+
+    prompt, output = np.arange(3, dtype=np.int32), np.arange(2, dtype=np.int32)
+    meta = json.dumps(["s0", "ok", "stop", None, "http://e", "m", "{}", 1, 2, 5]).encode()
+    payload = FIXED.pack(4, 9, 3, 2, 1, 0.5, 1.0) + prompt.tobytes() + output.tobytes() + meta
+    old = FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+    new = encode(Result(5, "s1", prompt, output, "ok", "stop", None, "http://e", 1, 0.5, "m", "{}", 9, 1.0, 1, 2, 5, 2))
+    records, torn = decode_segment(old + new)
+    assert torn == 0 and [r.cached_tokens for r in records] == [None, 2]
+    assert results_table(records).column("cached_tokens").to_pylist() == [None, 2]
 
 
 def test_shards_dictionary_encode_the_repeating_columns_and_not_the_token_ids(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from servers.sglang_contract import (
-    CONTENT_FAULT_KINDS, END_THINK, IM_END, NL2, THINK, WORDS, StubServer, content_fault, parse_args, plan_reply,
+    CONTENT_FAULT_KINDS, END_THINK, IM_END, IM_START, NL2, THINK, WORDS, StubServer, content_fault, parse_args, plan_reply,
     unknown_field_message,
 )
 
@@ -404,3 +404,36 @@ def test_launch_flags_exist_only_in_the_releases_that_have_them(version, flag, o
         with pytest.raises(SystemExit) as exc:
             parse_args(argv)
         assert exc.value.code == 2
+
+
+def test_cached_tokens_is_the_longest_prefix_an_earlier_request_held_as_sglangs_radix_cache_reports_it(tmp_path):
+    """``meta_info.cached_tokens``: 0 for a prompt no request began with; a multi-turn next prompt
+    (the previous prompt + its output + a new user message) finds the previous prompt and output
+    cached (all but the output's last token, which has no KV entry yet); a prompt sent again finds
+    all but one token (one is always computed); a prompt sharing only a start finds that start. Per
+    process: another server (or this one without its radix cache) has none of it."""
+    user = [IM_START, 872, 198]
+    first = user + list(range(1000, 1040)) + [IM_END, 198, IM_START, 77091, 198]
+    with StubServer(tmp_path / "a", "--zero-latency") as a, StubServer(tmp_path / "b", "--zero-latency") as b, \
+            StubServer(tmp_path / "c", "--zero-latency", "--disable-radix-cache") as c:
+        r1 = generate(a.url, ids=first).json()
+        out = r1["output_ids"]
+        assert r1["meta_info"]["cached_tokens"] == 0 and len(out) > 2
+        second = first + out + [198] + user + list(range(2000, 2010)) + [IM_END, 198, IM_START, 77091, 198]
+        r2 = generate(a.url, ids=second).json()
+        assert r2["meta_info"]["cached_tokens"] == len(first) + len(out) - 1
+        assert generate(a.url, ids=second).json()["meta_info"]["cached_tokens"] == len(second) - 1
+        fork = first[:21] + [5, 6, 7]
+        assert generate(a.url, ids=fork).json()["meta_info"]["cached_tokens"] == 21
+        assert generate(b.url, ids=second).json()["meta_info"]["cached_tokens"] == 0
+        for _ in range(2):
+            assert generate(c.url, ids=first).json()["meta_info"]["cached_tokens"] == 0
+
+
+def test_the_openai_route_reports_cached_tokens_only_with_enable_cache_report(tmp_path):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8}
+    with StubServer(tmp_path / "a", "--zero-latency", "--enable-cache-report") as a, StubServer(tmp_path / "b", "--zero-latency") as b:
+        for _ in range(2):
+            usage = httpx.post(a.url + "/v1/chat/completions", json=body).json()["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+        assert httpx.post(b.url + "/v1/chat/completions", json=body).json()["usage"]["prompt_tokens_details"] is None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from typing import Callable
 
 from dqa.regen.dispatch.progress import EndpointCounts, Progress
@@ -46,6 +47,9 @@ class Endpoint:
         self.ever_healthy = False
         self.facts: ServerFacts | None = None  # what the server said about itself (preflight or first health)
         self.gen_url = self.url  # the generate URL (set by the dispatcher from the protocol)
+        # Conversations' next turns waiting for this endpoint (it served their previous turn and is
+        # full): (since when, job), oldest first; the scheduler's sticky dispatch owns it.
+        self.parked: deque = deque()
 
 
 class EndpointHealth:
@@ -206,6 +210,6 @@ class EndpointHealth:
             return
         facts = await discover(self.transport, ep.url, self.s.health_timeout)
         if facts.complete or ep.facts is None:
-            self._learn(ep, facts)
+            self.learn(ep, facts)
             if facts.complete:
                 self.log(describe(ep.name, facts))

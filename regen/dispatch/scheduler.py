@@ -3,7 +3,12 @@
 One asyncio loop drives everything: a dispatch loop hands ready jobs to the
 healthy endpoint with the fewest requests in flight (below its cap),
 preferring another endpoint than the one a retry failed on; each attempt is a
-task. Retry rules follow SGLANG.md: backoff on 408/429/5xx/abort/connection
+task. Conversations are sticky: a conversation's next turn (its prompt extends the previous
+turn's, which that server holds in its prefix cache) goes to the endpoint that answered the
+previous turn; while that endpoint is at its cap the turn waits for it (``Endpoint.parked``), for
+at most ``sticky_wait`` seconds, then goes to whichever endpoint has room; a turn whose endpoint
+is out, and a retry, go elsewhere at once. Where a conversation's turn was answered is kept only
+while it has turns to go (``home``). Retry rules follow SGLANG.md: backoff on 408/429/5xx/abort/connection
 errors with a fresh ``rid``; 400s and other client errors are recorded as
 failures; a request the server rejects whatever the row (an unknown field, no such route)
 stops the run (``fatal``) without recording the row. An endpoint with ``fail_threshold`` consecutive endpoint faults (or a
@@ -80,6 +85,8 @@ class DispatchSettings:
     request_timeout: float = Timeouts.request
     connect_timeout: float = Timeouts.connect
     context_length: int | None = None  # --context-length (servers.facts.with_context_length)
+    sticky_wait: float = Timeouts.sticky_wait
+    sticky: bool = True  # False: no conversation affinity, every request to the least busy endpoint
 
 
 def open_transport(settings: DispatchSettings, headers: dict[str, str] | None = None, policy=None) -> AiohttpTransport:
@@ -146,6 +153,10 @@ class Dispatcher:
         self.last_failure = ""
         self._rng = random.Random(0)
         self._sent: set[asyncio.Task] = set()  # attempts whose request may have reached the server
+        # Sticky conversations: row -> the endpoint that answered its latest turn, while it has turns to go.
+        self.home: dict[int, Endpoint] = {}
+        self.parked = 0  # next turns waiting for their endpoint (the sum of the endpoints' parked queues)
+        self.moved = 0  # next turns sent elsewhere than the endpoint that answered the turn before
 
     # -- public control -----------------------------------------------------------------
     def request_stop(self) -> None:
@@ -208,7 +219,8 @@ class Dispatcher:
                     self.refilling = True
                     self.loop.create_task(self._refill())
                 self._dispatch_ready()
-                if self.exhausted and not self.refilling and self._queued() == 0 and not self.retries and self.in_flight == 0:
+                if (self.exhausted and not self.refilling and self._queued() == 0 and not self.retries and self.in_flight == 0
+                        and self.parked == 0):
                     return
             await self.wake.wait()
 
@@ -266,6 +278,9 @@ class Dispatcher:
 
     def _dispatch_ready(self) -> None:
         now = time.monotonic()
+        cap = self.s.max_in_flight
+        if self.parked:
+            self._unpark(now)
         while True:
             job, from_retry = self._next_job(now)
             if job is None:
@@ -274,26 +289,74 @@ class Dispatcher:
                 self._pop(from_retry)
                 self._record_failure(job, None, job.error, 0.0)
                 continue
+            home = self.home.get(job.row) if job.last_endpoint is None else None  # a retry goes elsewhere
+            if home is not None and home.healthy:
+                self._pop(from_retry)
+                if home.in_flight < cap and not home.parked:
+                    self._send(job, home)
+                    if self.fatal:
+                        return
+                else:  # wait for it (the turns parked before this one go first)
+                    home.parked.append((now, job))
+                    self.parked += 1
+                    self.loop.call_later(self.s.sticky_wait, self.wake.set)
+                continue
             ep = self._pick(job.last_endpoint)
             if ep is None:
                 return
             self._pop(from_retry)
-            job.max_new = self._max_new(job, ep)
-            if job.max_new < 1 or ep.facts is not None and unknown_context(ep.name, ep.facts):
-                # Known to be rejected (or, through a router, not known to fit): never sent, as a
-                # 400 at a router counts against its circuit breaker.
-                self._refuse(job, ep)
-                if self.fatal:
-                    return
-                continue
-            job.attempts += 1
-            ep.in_flight += 1
-            ep.counts.in_flight += 1
-            self.in_flight += 1
-            self.progress.in_flight += 1
-            task = self.loop.create_task(self._attempt(job, ep))
-            task.add_done_callback(functools.partial(self._finish, job, ep))
-            ep.tasks.add(task)
+            if home is not None:
+                self.moved += 1
+            self._send(job, ep)
+            if self.fatal:
+                return
+
+    def _unpark(self, now: float) -> None:
+        """Send the parked next turns: to their endpoint when it has room, elsewhere when they have
+        waited ``sticky_wait`` seconds (and another endpoint has room) or their endpoint is out (back
+        to the queue). Each queue is oldest first, so only its head can be due."""
+        cap = self.s.max_in_flight
+        for ep in self.endpoints:
+            q = ep.parked
+            while q:
+                since, job = q[0]
+                if not ep.healthy:
+                    q.popleft()
+                    self.parked -= 1
+                    self._requeue_now(job)  # its home is out: the queue's pick sends it elsewhere
+                    continue
+                if ep.in_flight < cap:
+                    q.popleft()
+                    self.parked -= 1
+                    self._send(job, ep)
+                    continue
+                if now - since < self.s.sticky_wait:
+                    break
+                other = self._pick(ep.url)
+                if other is None or other is ep:
+                    break
+                q.popleft()
+                self.parked -= 1
+                self.moved += 1
+                self._send(job, other)
+
+    def _send(self, job: Job, ep: Endpoint) -> None:
+        """Start an attempt of ``job`` on ``ep`` (a task; ``_finish`` is its done callback), or
+        record it refused, never sent, when ``ep`` is known to reject it (``_refuse``)."""
+        job.max_new = self._max_new(job, ep)
+        if job.max_new < 1 or ep.facts is not None and unknown_context(ep.name, ep.facts):
+            # Known to be rejected (or, through a router, not known to fit): never sent, as a
+            # 400 at a router counts against its circuit breaker.
+            self._refuse(job, ep)
+            return
+        job.attempts += 1
+        ep.in_flight += 1
+        ep.counts.in_flight += 1
+        self.in_flight += 1
+        self.progress.in_flight += 1
+        task = self.loop.create_task(self._attempt(job, ep))
+        task.add_done_callback(functools.partial(self._finish, job, ep))
+        ep.tasks.add(task)
 
     # -- one attempt ----------------------------------------------------------------------
     def _refuse(self, job: Job, ep: Endpoint) -> None:
@@ -435,7 +498,7 @@ class Dispatcher:
         r = Result(
             job.row, job.sample_id, job.prompt, outcome.output_ids, status, outcome.finish_reason, None,
             ep.name, job.attempts, latency, self.protocol.model or self.model, self._sampling_for(ep, job), job.seed, time.time(),
-            *_turn_fields(job),
+            *_turn_fields(job), outcome.cached_tokens,
         )
         self.sink(encode(r), r)
         # A conversation goes on with its next turn, on the history regenerated so far, only after an ok
@@ -443,9 +506,13 @@ class Dispatcher:
         # never sees a later turn without the earlier one). A length cut ends the conversation.
         nxt = job.next_job(outcome.output_ids) if status == "ok" and hasattr(job, "next_job") else None
         if nxt is not None:
+            if self.s.sticky:
+                self.home[job.row] = ep  # its next turn goes back here
             self.progress.record_turn(n)
             self._requeue_now(nxt)
         else:
+            if self.home:
+                self.home.pop(job.row, None)  # the conversation is done: forget where it ran
             self.progress.record(status, n)
         self.answered += 1
         ep.counts.done += 1
@@ -458,6 +525,8 @@ class Dispatcher:
             *_turn_fields(job),
         )
         self.sink(encode(r), r)
+        if self.home:
+            self.home.pop(job.row, None)
         self.progress.record("failed", 0)
         if ep is not None:
             ep.counts.failed += 1

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from dqa.regen.wire.outcome import FAIL, LENGTH, OK, RETRY, Outcome, error_in_body, short
+from dqa.regen.wire.outcome import FAIL, LENGTH, OK, RETRY, Outcome, count_or_none, error_in_body, short
 from dqa.regen.config import SamplingSpec
 from dqa.regen.jobs.job import Job
 
@@ -35,6 +35,14 @@ from .base import Protocol, ServerKind
 TOKEN_EXACT = "token-exact"
 TEXT = "text"
 TOKEN_FIELDS = ("input_ids", "return_token_ids")  # the token-exact route's request fields
+
+
+def _cached(obj: dict) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens`` of a chat reply (SGLang sends it with
+    ``--enable-cache-report``), or None when the reply does not say."""
+    usage = obj.get("usage")
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    return count_or_none(details.get("cached_tokens")) if isinstance(details, dict) else None
 
 
 class OpenAIProtocol(Protocol):
@@ -167,7 +175,7 @@ class OpenAIProtocol(Protocol):
             return exact
         if exact is not None:
             kind = LENGTH if finish == "length" else OK
-            return Outcome(kind, output_ids=exact, finish_reason=finish or "stop", route=TOKEN_EXACT)
+            return Outcome(kind, output_ids=exact, finish_reason=finish or "stop", route=TOKEN_EXACT, cached_tokens=_cached(obj))
         content = message.get("content") or ""
         reasoning = message.get("reasoning_content")
         if reasoning is None:
@@ -179,7 +187,7 @@ class OpenAIProtocol(Protocol):
         kind = LENGTH if finish == "length" else OK
         # The rendered ids are what the shard records; every figure (live display, progress.json,
         # report) counts them, not the server's `usage` (which may count differently).
-        return Outcome(kind, output_ids=ids, finish_reason=finish or "stop", route=TEXT)
+        return Outcome(kind, output_ids=ids, finish_reason=finish or "stop", route=TEXT, cached_tokens=_cached(obj))
 
     def token_exact_ids(self, choice: dict, job: Job) -> np.ndarray | Outcome | None:
         """The reply's ``response_token_ids`` when the server answered token-exact: a flat list of

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from dqa.errors import UsageError
-from dqa.regen.wire.outcome import ENDPOINT_FAULT_STATUS, FAIL, LENGTH, OK, RETRY, RETRY_STATUS, Outcome, error_in_body, short
+from dqa.regen.wire.outcome import ENDPOINT_FAULT_STATUS, FAIL, LENGTH, OK, RETRY, RETRY_STATUS, Outcome, count_or_none, error_in_body, short
 from dqa.regen.config import DEFAULT_MAMBA_EXTRA_BUFFER, SamplingSpec
 from dqa.regen.jobs.job import Job
 from dqa.regen.wire.http_probe import http_get
@@ -102,7 +102,7 @@ class SglangProtocol(Protocol):
         if ids.ndim != 1:
             return Outcome(FAIL, finish_reason=ftype, error="output_ids are not a flat list")
         kind = LENGTH if ftype == "length" else OK
-        return Outcome(kind, output_ids=ids, finish_reason=ftype)
+        return Outcome(kind, output_ids=ids, finish_reason=ftype, cached_tokens=count_or_none(meta.get("cached_tokens")))
 
 
 # ------------------------------------------------------------------------------ launch

@@ -69,6 +69,8 @@ class Result:
     turn: int = 0
     turns: int = 1
     kept_len: int = -1
+    # Prompt tokens the server said it had in its prefix cache (SGLang's meta_info.cached_tokens); None: not said.
+    cached_tokens: int | None = None
 
 
 def encode(r: Result) -> bytes:
@@ -92,20 +94,21 @@ _META_TAILS: dict[tuple, bytes] = {}  # everything of a record's meta after its 
 
 def _meta(r: Result) -> bytes:
     """The record's meta, ``json.dumps([sample_id, status, finish_reason, error, endpoint, model,
-    sampling, turn, turns, kept_len])``. All but the sample id repeat from record to record, so that
-    part is encoded once per distinct value (the records of failures, with their own error texts, are
-    encoded whole)."""
+    sampling, turn, turns, kept_len, cached_tokens])``. All but the sample id and the cached tokens
+    repeat from record to record, so that part is encoded once per distinct value (the records of
+    failures, with their own error texts, are encoded whole)."""
     if r.error is not None:
         return json.dumps([r.sample_id, r.status, r.finish_reason, r.error, r.endpoint, r.model, r.sampling,
-                           r.turn, r.turns, r.kept_len]).encode()
+                           r.turn, r.turns, r.kept_len, r.cached_tokens]).encode()
     key = (r.status, r.finish_reason, r.endpoint, r.model, r.sampling, r.turn, r.turns, r.kept_len)
     tail = _META_TAILS.get(key)
     if tail is None:
         if len(_META_TAILS) > 4096:  # bounded: kept_len varies on multi-turn data
             _META_TAILS.clear()
-        tail = _META_TAILS[key] = json.dumps([None, *key[:2], None, *key[2:]])[5:].encode()  # ', "ok", ...]'
+        tail = _META_TAILS[key] = json.dumps([None, *key[:2], None, *key[2:]])[5:-1].encode()  # ', "ok", ..., 12'
     sid = b"null" if r.sample_id is None else _json_str(r.sample_id).encode()
-    return b"[" + sid + tail
+    cached = b"null" if r.cached_tokens is None else b"%d" % r.cached_tokens
+    return b"[" + sid + tail + b", " + cached + b"]"
 
 
 def decode_segment(data: bytes) -> tuple[list[Result], int]:
@@ -129,15 +132,17 @@ def decode_segment(data: bytes) -> tuple[list[Result], int]:
         meta = json.loads(payload[off:])
         sid, status, finish, error, endpoint, model, sampling = meta[:7]
         turn, turns, kept = meta[7:10] if len(meta) >= 10 else (0, 1, -1)  # records of runs before multi-turn
+        cached = meta[10] if len(meta) >= 11 else None  # records of runs before cached_tokens
         out.append(Result(row, sid, prompt, output, status, finish, error, endpoint, attempts, latency, model, sampling, seed, done_at,
-                          turn, turns, kept))
+                          turn, turns, kept, cached))
         pos = end
     return out, n - pos
 
 
 # Every field of a Result, in declaration order, as one tuple (results_table transposes them in one pass).
 _RESULT_FIELDS = attrgetter("row", "sample_id", "prompt", "output", "status", "finish_reason", "error", "endpoint", "attempts",
-                            "latency_s", "model", "sampling", "seed", "completed_at", "turn", "turns", "kept_len")
+                            "latency_s", "model", "sampling", "seed", "completed_at", "turn", "turns", "kept_len",
+                            "cached_tokens")
 
 
 def results_table(results: list[Result]):
@@ -146,7 +151,7 @@ def results_table(results: list[Result]):
 
     n = len(results)
     (rows, ids, prompts, outputs, statuses, finishes, errors, endpoints, attempts, latencies, models, samplings, seeds,
-     done_at, turns, n_turns, kept) = zip(*map(_RESULT_FIELDS, results)) if n else ((),) * 17
+     done_at, turns, n_turns, kept, cached) = zip(*map(_RESULT_FIELDS, results)) if n else ((),) * 18
     p_len = np.fromiter(map(len, prompts), dtype=np.int64, count=n)
     o_len = np.fromiter(map(len, outputs), dtype=np.int64, count=n)
     spans = np.empty(2 * n, dtype=np.int64)  # prompt, output, prompt, output, ...
@@ -180,6 +185,7 @@ def results_table(results: list[Result]):
         "turn": pa.array(turns, pa.int32()),
         "turns": pa.array(n_turns, pa.int32()),
         "kept_len": pa.array(kept_len.astype(np.int32)),
+        "cached_tokens": pa.array(cached, pa.int32()),
     }
     return pa.table(cols, schema=shard_schema())
 

@@ -58,6 +58,7 @@ def shard_schema():
             ("turn", pa.int32()),
             ("turns", pa.int32()),
             ("kept_len", pa.int32()),
+            ("cached_tokens", pa.int32()),
         ]
     )
 

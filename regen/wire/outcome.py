@@ -52,6 +52,7 @@ class Outcome:
     endpoint_fault: bool = False
     refused: bool = False
     route: str = ""  # openai: servers.openai.TOKEN_EXACT or TEXT, the route the reply took ("" when not known)
+    cached_tokens: int | None = None  # prompt tokens the server says it had in its prefix cache (None: not said)
 
 
 def short(text: Any, n: int = 300) -> str:
@@ -61,6 +62,14 @@ def short(text: Any, n: int = 300) -> str:
 
 
 _UNKNOWN_FIELD = re.compile(r"unknown field `([^`]+)`")
+
+
+def count_or_none(value: Any) -> int | None:
+    """``value`` when it is a count (an int >= 0, not a bool), else None: how a reply's optional
+    figures (``meta_info.cached_tokens``) are read."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
 
 
 def error_message(body: bytes) -> str:

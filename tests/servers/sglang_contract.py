@@ -19,6 +19,14 @@ project's notes in shared/SGLANG.md):
   no_stop_trim, ignore_eos, sampling_seed}, ``rid`` and ``stream``. It replies ``text``,
   ``output_ids`` and ``meta_info`` {id, finish_reason, prompt_tokens, completion_tokens,
   cached_tokens, e2e_latency, and with speculative decoding spec_verify_ct, spec_accept_length}.
+- ``cached_tokens`` is what the radix cache held of the prompt (``PrefixCache``): the longest
+  prefix of the input ids that an earlier request's prompt, or prompt + output once it finished,
+  began with, token-exact (page size 1), at most ``len(input_ids) - 1`` (at least one token is
+  computed); 0 with ``--disable-radix-cache``. The OpenAI route reports it as
+  ``usage.prompt_tokens_details.cached_tokens`` only with ``--enable-cache-report`` (else
+  ``prompt_tokens_details`` is null). Per process: a killed and restarted server starts
+  with an empty cache. A conversation's next turn sent to the server of its previous turn finds
+  that turn's prompt cached; sent to another server, nothing past the shared system prompt.
 - ``finish_reason`` is ``{"type": "stop", "matched": 151645}`` (the matched stop token id; the
   stop token is the last element of ``output_ids``), ``{"type": "length", "length": N}``, or
   ``{"type": "abort", "message": ..., "status_code": ...}``.
@@ -422,6 +430,40 @@ class Histogram:
         return out
 
 
+class PrefixCache:
+    """The radix cache's prefix matching, token-exact (page size 1): a trie of the token ids of
+    earlier sequences, one dict per token. ``match`` walks it; ``insert`` adds what is new. When it
+    would hold more than ``max_tokens`` tokens it is emptied first (SGLang evicts least-recently-used
+    leaves; a stand-in only needs to stay bounded)."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.root: dict = {}
+        self.size = 0
+        self.max_tokens = max_tokens
+
+    def match(self, ids: list[int]) -> int:
+        """How many leading tokens of ``ids`` are held."""
+        node, n = self.root, 0
+        for t in ids:
+            node = node.get(t)
+            if node is None:
+                break
+            n += 1
+        return n
+
+    def insert(self, ids: list[int]) -> None:
+        """Hold every prefix of ``ids``."""
+        if self.size + len(ids) > self.max_tokens:
+            self.root, self.size = {}, 0
+        node = self.root
+        for t in ids:
+            nxt = node.get(t)
+            if nxt is None:
+                nxt = node[t] = {}
+                self.size += 1
+            node = nxt
+
+
 class State:
     """Everything one server process knows: config, faults, counters, in-flight rids."""
 
@@ -466,7 +508,8 @@ class State:
         self._tokens_at_tick = 0
         self._tick_at = time.monotonic()
         self.recent: deque[dict[str, Any]] = deque(maxlen=args.request_log_size)
-        self.seen_prompts: set[int] = set()
+        # bounded below the KV pool: a dict per cached token costs ~200 bytes here
+        self.prefix_cache = PrefixCache(min(args.max_total_tokens, 200_000)) if not args.disable_radix_cache else None
         self.first_seed: dict[int, Any] = {}  # prompt -> the first sampling_seed seen (content faults)
         self.log_file = open(args.log_file, "a", buffering=1) if args.log_file else sys.stderr
 
@@ -719,10 +762,11 @@ async def _generate_one(st: State, ids: list[int], sp: dict, rid: str) -> dict:
     else:
         planned = planned[:-1]
     out_ids, finish = cut_reply(planned, max_new, stop_ids)
-    key = hash(tuple(ids))
-    cached = max(len(ids) - 1, 0) if key in st.seen_prompts else 0
-    if len(st.seen_prompts) < 1_000_000:
-        st.seen_prompts.add(key)
+    cache = st.prefix_cache
+    cached = 0
+    if cache is not None:
+        cached = min(cache.match(ids), max(len(ids) - 1, 0))
+        cache.insert(ids)  # the prompt is held once prefilled; prompt + output once finished (below)
     f = st.faults
     st.queued += 1
     async with st.sem:
@@ -739,6 +783,8 @@ async def _generate_one(st: State, ids: list[int], sp: dict, rid: str) -> dict:
             st.running_tokens -= len(ids) + len(out_ids)
     e2e = time.monotonic() - t0
     n_out = len(out_ids)
+    if cache is not None and n_out > 1:
+        cache.insert(ids + out_ids[:-1])  # the last output token has no KV entry yet
     st.num_requests += 1
     st.prompt_tokens += len(ids)
     st.generation_tokens += n_out
@@ -950,11 +996,13 @@ async def handle_chat(request):
             st.num_aborted += 1
             st.record(rid, "abort", len(ids))
             finish, content, reasoning, matched, n_out = "abort", "", None, None, 0
+            cached = 0
         else:
             res = await _generate_one(st, ids, sp, rid)
             st.record(rid, "ok", len(ids))
             out = res["output_ids"]
             n_out = len(out)
+            cached = res["meta_info"]["cached_tokens"]
             fr = res["meta_info"]["finish_reason"]
             finish = fr["type"]
             matched = fr.get("matched")
@@ -970,7 +1018,8 @@ async def handle_chat(request):
         created = int(time.time())
         message = {"role": "assistant", "content": content, "reasoning_content": reasoning, "tool_calls": None}
         usage = {"prompt_tokens": len(ids), "completion_tokens": n_out, "total_tokens": len(ids) + n_out,
-                 "prompt_tokens_details": None, "reasoning_tokens": 0}
+                 "prompt_tokens_details": {"cached_tokens": cached} if st.args.enable_cache_report else None,
+                 "reasoning_tokens": 0}
         model = obj.get("model") or st.args.served_model_name  # 0.5.23 echoes the request's model, whatever it names
         body = {"id": rid, "object": "chat.completion", "created": created, "model": model,
                 "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
@@ -1198,6 +1247,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"default: the model's own ({MODEL_CONTEXT}); /server_info says null unless given, as 0.5.23 does")
     p.add_argument("--max-running-requests", type=int, default=48)
     p.add_argument("--max-total-tokens", type=int, default=400_000)
+    p.add_argument("--disable-radix-cache", action="store_true", help="no prefix cache: cached_tokens is always 0")
+    p.add_argument("--enable-cache-report", action="store_true",
+                   help="the OpenAI route's usage carries prompt_tokens_details.cached_tokens")
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--reasoning-parser", default=None, choices=[None, "qwen3"])
     p.add_argument("--api-key", default=None)
