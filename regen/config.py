@@ -190,10 +190,12 @@ class Retries:
 
 @dataclass(frozen=True)
 class DispatchSpec:
-    """The servers (``endpoints`` or a ``fleet`` file, not both) and how they are driven:
-    ``protocol`` (sglang | openai; default the fleet file's, else sglang), ``model``, the API key's
-    environment variable, requests in flight per endpoint; ``gpus`` and ``gpu_hour_cost`` for the
-    cost figures (``gpus`` default: the fleet file's, else one per endpoint); ``ca_bundle``: the
+    """The servers (``endpoints`` or ``fleet`` files, not both) and how they are driven:
+    ``fleet`` is one fleet file or several (one per node: the servers are their union; kept as a
+    tuple of paths); ``protocol`` (sglang | openai; default the fleet files', else sglang),
+    ``model``, the API key's environment variable, requests in flight per endpoint; ``gpus`` and
+    ``gpu_hour_cost`` for the cost figures (``gpus`` default: the fleet files' GPUs, else one per
+    endpoint); ``ca_bundle``: the
     CA certificates that verify ``https://`` servers (None: ``$SSL_CERT_FILE``,
     ``$REQUESTS_CA_BUNDLE``, else the system's; ``http_policy``); ``context_length``: the servers'
     context length where they do not say it (an SGLang router whose workers cannot be asked), the
@@ -202,7 +204,7 @@ class DispatchSpec:
     only for comparisons (bench/bench_regen_sticky.py): every request to the least busy endpoint."""
 
     endpoints: tuple[str, ...] = ()
-    fleet: str | None = None
+    fleet: str | tuple[str, ...] | None = None
     protocol: str | None = None
     model: str | None = None
     api_key_env: str | None = None
@@ -217,8 +219,11 @@ class DispatchSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "endpoints", tuple(self.endpoints or ()))
+        if self.fleet is not None:
+            files = (self.fleet,) if isinstance(self.fleet, (str, os.PathLike)) else tuple(self.fleet)
+            object.__setattr__(self, "fleet", tuple(os.fspath(f) for f in files) or None)
         if bool(self.endpoints) == bool(self.fleet):
-            raise UsageError("give --endpoint URL (repeatable) or --fleet FILE, not both and not neither")
+            raise UsageError("give --endpoint URL (repeatable) or --fleet FILE (repeatable), not both and not neither")
         if self.protocol is not None and self.protocol not in PROTOCOLS:
             raise UsageError(f"--protocol {self.protocol!r}: expected {' or '.join(PROTOCOLS)}")
         if self.max_in_flight < 1:

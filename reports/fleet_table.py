@@ -23,12 +23,22 @@ def _hit(prompt: float | None, cached: float | None) -> str:
     return "-" if not prompt or cached is None else f"{cached / prompt:.0%}"
 
 
-def status_table(fleet_rec: Fleet, statuses: Sequence[EndpointStatus], totals: dict[str, Any]) -> tuple[Table, list[str]]:
-    """The `fleet status` table (one row per endpoint, then the fleet's sums in row "all") and
-    the distinct notes of the endpoints (e.g. why figures are missing), sorted."""
+def _title(fleets: Sequence[Fleet]) -> str:
+    """``fleet: sglang, MODEL``; several fleet files: how many, or each file's when they differ."""
+    kinds = {(f.engine, f.model) for f in fleets}
+    if len(kinds) == 1:
+        engine, model = kinds.pop()
+        return f"fleet: {engine}, {model}" + (f" ({len(fleets)} fleet files)" if len(fleets) > 1 else "")
+    return "fleets: " + "; ".join(f"{f.path.name if f.path else '?'}: {f.engine}, {f.model}" for f in fleets)
+
+
+def status_table(fleets: Fleet | Sequence[Fleet], statuses: Sequence[EndpointStatus], totals: dict[str, Any]) -> tuple[Table, list[str]]:
+    """The `fleet status` table of one fleet or several (one per node): one row per endpoint,
+    then the sums in row "all"; and the distinct notes of the endpoints (e.g. why figures are
+    missing), sorted."""
     from rich.table import Table
 
-    t = Table(title=f"fleet: {fleet_rec.engine}, {fleet_rec.model}", title_justify="left")
+    t = Table(title=_title([fleets] if not isinstance(fleets, (list, tuple)) else fleets), title_justify="left")
     for col in STATUS_COLUMNS:
         left = col in ("GPU", "endpoint", "up", "source")
         t.add_column(col, justify="left" if left else "right", no_wrap=col == "endpoint")

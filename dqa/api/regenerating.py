@@ -6,7 +6,8 @@
     run.progress["ok"], run.shards
 
 The options are ``RegenConfig``'s flat keywords (one per ``dqa regen`` option: ``endpoints``,
-``fleet``, ``reasons``, ``turns``, ``max_new_tokens`` ...), or a whole ``config``. A run that stops
+``fleet`` (a fleet file, or several: one per node), ``reasons``, ``turns``, ``max_new_tokens`` ...),
+or a whole ``config``. A run that stops
 before every selected row is recorded raises ``RegenStopped`` (its ``result`` holds the progress);
 rerunning resumes it. Messages never carry the credentials of an ``out``/``mirror`` URL.
 """

@@ -23,7 +23,8 @@ fleet_app = typer.Typer(
         "dqa fleet status --watch\n\n"
         "dqa fleet down\n\n"
         "The fleet file (default ./fleet.json, or $DQA_FLEET) records the servers; `dqa regen --fleet` "
-        "and `dqa plan --fleet` read it."
+        "and `dqa plan --fleet` read it. Across nodes, run `fleet up --host 0.0.0.0` on each node with its own "
+        "fleet file, and give every file: --fleet a.json --fleet b.json."
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -68,7 +69,7 @@ def up(
     python: Optional[str] = typer.Option(None, "--python", help="Python that has sglang (default: the one running dqa)."),
     env: List[str] = typer.Option([], "--env", help="Extra environment for every server, KEY=VALUE (repeatable), e.g. OMP_NUM_THREADS=1."),
     fleet: Path = typer.Option(Path(DEFAULT_FLEET), "--fleet", "-f", help="Fleet file to write."),
-    log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="One log per GPU here (default: fleet-logs/ next to the fleet file)."),
+    log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="One log per GPU here (default: NAME-logs/ next to the fleet file NAME.json: fleet-logs/ for fleet.json)."),
     timeout: float = typer.Option(DEFAULT_UP_TIMEOUT, "--timeout", help="Seconds to wait for every server to become healthy."),
     keep_on_failure: bool = typer.Option(False, "--keep-on-failure", help="Leave the other servers running when one fails to start."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the exact commands (a bash script) and start nothing. The model folder need not be on this machine (a note says what was assumed without it)."),
@@ -187,7 +188,9 @@ class _CliLaunchEvents:
 
 @handles_errors
 def status(
-    fleet: Path = typer.Option(Path(DEFAULT_FLEET), "--fleet", "-f", help="Fleet file written by `dqa fleet up`."),
+    fleet: List[Path] = typer.Option(
+        [], "--fleet", "-f", help=f"Fleet file written by `dqa fleet up`; repeatable, one per node: their endpoints together. \\[default: {DEFAULT_FLEET}]"
+    ),
     watch: bool = typer.Option(False, "--watch", "-w", help="Refresh every --interval seconds until Ctrl-C."),
     interval: float = typer.Option(5.0, "--interval", help="Seconds between refreshes with --watch."),
     timeout: float = typer.Option(DEFAULT_STATUS_TIMEOUT, "--timeout", help="Per-request timeout in seconds."),
@@ -203,6 +206,8 @@ def status(
     refresh before Ctrl-C.
 
     Example: dqa fleet status --fleet fleet.json --watch
+
+    Across nodes (one fleet file each): dqa fleet status --fleet fleets/node-a.json --fleet fleets/node-b.json
     """
     import json
     import time
@@ -214,14 +219,20 @@ def status(
 
     if quiet and watch:
         raise UsageError("--quiet prints nothing, so --watch would show nothing; drop one")
-    rec = ff.read_fleet(fleet)
+    files = list(fleet) or [Path(DEFAULT_FLEET)]
+    rec = ff.read_fleets(files)
 
     def snapshot():
-        statuses = fs.fleet_status(rec, timeout=timeout)
+        statuses = fs.fleet_set_status(rec, timeout=timeout)
         return statuses, fs.totals(statuses)
 
+    def common(name):
+        values = {getattr(f, name) for f in rec.fleets}
+        return values.pop() if len(values) == 1 else None
+
     def as_json(statuses, totals):
-        return json.dumps({"fleet": str(fleet), "engine": rec.engine, "model": rec.model, "endpoints": [s.to_dict() for s in statuses], "total": totals})
+        named = str(files[0]) if len(files) == 1 else [str(f) for f in files]
+        return json.dumps({"fleet": named, "engine": common("engine"), "model": common("model"), "endpoints": [s.to_dict() for s in statuses], "total": totals})
 
     out = console(stderr=False)
     if not out.is_terminal:
@@ -234,7 +245,7 @@ def status(
                     if json_out:
                         typer.echo(as_json(statuses, totals))
                     else:
-                        table, notes = status_table(rec, statuses, totals)
+                        table, notes = status_table(rec.fleets, statuses, totals)
                         out.print(table)
                     time.sleep(interval)
                     statuses, totals = snapshot()
@@ -243,7 +254,7 @@ def status(
                 from rich.live import Live
 
                 def render(statuses, totals):
-                    table, notes = status_table(rec, statuses, totals)
+                    table, notes = status_table(rec.fleets, statuses, totals)
                     return Group(table, *notes, f"refreshed {totals['checked_at']} every {interval:g} s; Ctrl-C to stop")
 
                 with Live(render(statuses, totals), console=out, auto_refresh=False) as live:
@@ -256,7 +267,7 @@ def status(
     elif json_out:
         typer.echo(as_json(statuses, totals))
     elif not quiet:
-        table, notes = status_table(rec, statuses, totals)
+        table, notes = status_table(rec.fleets, statuses, totals)
         out.print(table)
         for n in notes:
             out.print(n)
@@ -269,7 +280,9 @@ def status(
 
 @handles_errors
 def down(
-    fleet: Path = typer.Option(Path(DEFAULT_FLEET), "--fleet", "-f", help="Fleet file written by `dqa fleet up`."),
+    fleet: List[Path] = typer.Option(
+        [], "--fleet", "-f", help=f"Fleet file written by `dqa fleet up`; repeatable. Only this machine's servers are stopped (run it on each node). \\[default: {DEFAULT_FLEET}]"
+    ),
     grace: float = typer.Option(30.0, "--grace", help="Seconds between SIGTERM and SIGKILL."),
     json_out: bool = typer.Option(False, "--json", help="Print the outcome per endpoint as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing; exit code only (0 all stopped, 3 one could not be)."),
@@ -289,11 +302,12 @@ def down(
     from dqa.regen.fleet import file as ff
     from dqa.regen.fleet import launch as fl
 
-    rec = ff.read_fleet(fleet)
-    outcomes = fl.stop_endpoints(rec.endpoints, grace=grace)
-    rows = [{"gpu": e.gpu, "url": e.url, "pid": e.pid, "outcome": o} for e, o in zip(rec.endpoints, outcomes)]
+    files = list(fleet) or [Path(DEFAULT_FLEET)]
+    endpoints = [e for f in ff.read_fleets(files).fleets for e in f.endpoints]
+    outcomes = fl.stop_endpoints(endpoints, grace=grace)
+    rows = [{"gpu": e.gpu, "url": e.url, "pid": e.pid, "outcome": o} for e, o in zip(endpoints, outcomes)]
     if json_out:
-        typer.echo(json.dumps({"fleet": str(fleet), "endpoints": rows}))
+        typer.echo(json.dumps({"fleet": str(files[0]) if len(files) == 1 else [str(f) for f in files], "endpoints": rows}))
     elif not quiet:
         for r in rows:
             typer.echo(f"GPU {r['gpu']}: {r['url']} pid {r['pid']}: {r['outcome']}")

@@ -24,7 +24,7 @@ def plan(
     tok_per_gpu: Optional[float] = typer.Option(None, "--tok-per-gpu", help="Output tokens/s per GPU (times --gpus)."),
     req_per_s: Optional[float] = typer.Option(None, "--req-per-s", help="Completed requests/s of the fleet (times --avg-output-tokens)."),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs in the fleet, >= 1 (default 1, or the endpoints of --fleet)."),
-    fleet: Optional[Path] = typer.Option(None, "--fleet", "-f", help="Fleet file: its endpoint count is the GPU count (and --calibrate's servers)."),
+    fleet: List[Path] = typer.Option([], "--fleet", "-f", help="Fleet file: its endpoint count is the GPU count (and --calibrate's servers); repeatable, one per node: the GPUs of all of them."),
     gpu_hour_cost: Optional[float] = typer.Option(None, "--gpu-hour-cost", help="Price per GPU-hour, e.g. 3.857 ($27/h for 7 GPUs)."),
     fleet_hour_cost: Optional[float] = typer.Option(
         None, "--fleet-hour-cost",
@@ -101,7 +101,7 @@ def plan(
         tok_per_gpu=tok_per_gpu,
         req_per_s=req_per_s,
         gpus=gpus,
-        fleet=fleet,
+        fleet=tuple(fleet) or None,
         gpu_hour_cost=gpu_hour_cost,
         fleet_hour_cost=fleet_hour_cost,
         scenarios=tuple(scenario),

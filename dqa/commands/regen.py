@@ -40,7 +40,7 @@ def regen(
     turns: str = typer.Option(Selection.turns, "--turns", help="Which assistant turns of a conversation to regenerate, each in order on the regenerated history: flagged (default: from the first turn the scan flags to the last; the last turn when only whole-sample checks flag it), all, or last."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N selected rows (a trial run; a later run with a larger limit resumes it)."),
     endpoint: List[str] = typer.Option([], "--endpoint", "-e", help="Server base URL, repeatable: -e http://10.0.0.5:30000 -e http://10.0.0.6:30000."),
-    fleet: Optional[str] = typer.Option(None, "--fleet", help="Fleet file written by `dqa fleet up` (endpoints, protocol, model)."),
+    fleet: List[str] = typer.Option([], "--fleet", help="Fleet file written by `dqa fleet up` (endpoints, protocol, model); repeatable, one per node: the servers are their union."),
     out: str = typer.Option(..., "--out", "-o", help="Output folder, or an fsspec URL (s3://bucket/run/): staged locally, closed shards uploaded."),
     protocol: Optional[str] = typer.Option(None, "--protocol", help="sglang (native /generate, token-exact; default) or openai (/v1/chat/completions, text round trip)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name to send (openai) and record. Default: the fleet file's, else asked from the server."),
@@ -74,7 +74,7 @@ def regen(
     # Each group checks its own options (UsageError, exit 2) before anything is read.
     output = OutputSpec(out, mirror=tuple(mirror), shard_rows=shard_rows)
     dispatch = DispatchSpec(
-        endpoints=tuple(endpoint), fleet=fleet, protocol=protocol, model=model, api_key_env=api_key_env,
+        endpoints=tuple(endpoint), fleet=tuple(fleet) or None, protocol=protocol, model=model, api_key_env=api_key_env,
         max_in_flight=max_in_flight, gpus=gpus, gpu_hour_cost=gpu_hour_cost, ca_bundle=ca_bundle,
         context_length=context_length, timeouts=Timeouts(request=request_timeout, down_deadline=down_deadline), retries=Retries(max_attempts=max_attempts),
     )

@@ -13,6 +13,9 @@ read it. Format (FORMATS.md, "Fleet file")::
 recorded pid still is the process `fleet up` started before it signals it. A relative ``log``
 is relative to the fleet file's folder. The file never holds an API key: values of secret
 flags in ``cmd`` are replaced by ``***`` when the file is written.
+
+A fleet across nodes is one fleet file per node (each node's `dqa fleet up`), read together by
+``read_fleets``: a ``FleetSet`` whose servers are the union, in the order the files are given.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from dqa.atomic import write_json
 from dqa.errors import InputError
@@ -208,3 +211,89 @@ def read_fleet(path: str | Path) -> Fleet:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _bad(path, f"invalid JSON ({exc})") from None
     return parse_fleet(obj, path)
+
+
+# Hosts only the machine itself reaches: a fleet file with them serves no other node.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+@dataclass
+class FleetSet:
+    """The fleet files of one run, read together (one per node): ``fleets`` in the order given.
+    Its servers are the union of theirs; no URL is in two files (``read_fleets`` checks)."""
+
+    fleets: list[Fleet]
+
+    @property
+    def paths(self) -> list[Path]:
+        """Where each fleet was read from."""
+        return [f.path for f in self.fleets if f.path is not None]
+
+    @property
+    def urls(self) -> list[str]:
+        """Every endpoint's base URL: the first file's, then the next file's, ..."""
+        return [u for f in self.fleets for u in f.urls]
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs of all the fleets together (``Fleet.gpu_count`` summed)."""
+        return sum(f.gpu_count for f in self.fleets)
+
+    def agreed(self, name: str, option: str) -> str:
+        """The value of ``name`` (``engine``, ``protocol``, ``model``) that every file records.
+        Raises ``InputError`` naming two files that differ and the ``option`` that settles it."""
+        first = self.fleets[0]
+        for other in self.fleets[1:]:
+            if getattr(other, name) != getattr(first, name):
+                raise InputError(
+                    f"--fleet: {first.path} has {name} {getattr(first, name)!r} but {other.path} has {getattr(other, name)!r}; "
+                    f"the fleet files of one run must agree (or pass {option})"
+                )
+        return getattr(first, name)
+
+
+def fleet_paths(given: str | os.PathLike | Sequence[str | os.PathLike] | None) -> tuple[str, ...]:
+    """``--fleet`` as given (one path, several, or None) -> the paths as texts, in order."""
+    if given is None:
+        return ()
+    if isinstance(given, (str, os.PathLike)):
+        return (os.fspath(given),)
+    return tuple(os.fspath(g) for g in given)
+
+
+def _loopback(url: str) -> bool:
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    return host in LOOPBACK_HOSTS or host.startswith("127.")
+
+
+def read_fleets(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> FleetSet:
+    """Read the fleet files of several nodes as one ``FleetSet``. Raises ``InputError`` (one line)
+    naming a file that is missing or malformed (``read_fleet``), a file given twice, or an
+    endpoint URL that two files list (naming both files); ``UsageError`` for no file at all."""
+    from dqa.errors import UsageError
+
+    files = fleet_paths(paths)
+    if not files:
+        raise UsageError("give --fleet FILE (repeatable: one fleet file per node)")
+    fleets: list[Fleet] = []
+    seen: dict[Path, Path] = {}
+    owner: dict[str, Path] = {}
+    for text in files:
+        path = Path(text)
+        key = path.resolve()
+        if key in seen:
+            raise UsageError(f"--fleet {path}: given twice" + ("" if str(seen[key]) == str(path) else f" (as {seen[key]})"))
+        seen[key] = path
+        fleet = read_fleet(path)
+        for url in fleet.urls:
+            if url in owner and owner[url] != path:
+                hint = (
+                    "; a loopback URL reaches only its own machine: start each node's fleet with --host 0.0.0.0 (or --advertise-host NAME)"
+                    if _loopback(url) else ""
+                )
+                raise InputError(f"--fleet: {url} is in both {owner[url]} and {path}: a server belongs to one fleet file{hint}")
+            owner.setdefault(url, path)
+        fleets.append(fleet)
+    return FleetSet(fleets)

@@ -39,7 +39,9 @@ class FleetSpec:
     engine's options are refused where they would change what runs, else dropped); ``env`` is
     ``KEY=VALUE`` texts or a dict; ``context_length``/``max_running_requests`` 0 mean the server's
     own default; ``reasoning_parser`` ``"none"`` leaves it off; ``python`` ``None`` is the running
-    Python; ``log_dir`` ``None`` is ``fleet-logs/`` next to the fleet file; ``extra`` goes to every
+    Python; ``log_dir`` ``None`` is ``<fleet file name>-logs/`` next to the fleet file
+    (``fleet-logs/`` for ``fleet.json``; ``node-a-logs/`` for ``node-a.json``, so fleets of several
+    nodes with their files in one shared folder keep their logs apart); ``extra`` goes to every
     server unchanged.
     """
 
@@ -86,10 +88,16 @@ class FleetSpec:
             env=env,
             engine_options=KINDS[self.engine].launch_options(self.engine_options),
             python=self.python or sys.executable,
-            log_dir=Path(self.log_dir) if self.log_dir is not None else Path(self.fleet).parent / "fleet-logs",
+            log_dir=Path(self.log_dir) if self.log_dir is not None else default_log_dir(Path(self.fleet)),
             reasoning_parser=parser,
             extra=tuple(self.extra or ()),
         )
+
+
+def default_log_dir(fleet: Path) -> Path:
+    """Where `dqa fleet up` writes the servers' logs without ``--log-dir``: ``<name>-logs/`` next
+    to the fleet file ``<name>.json`` (``fleet-logs/`` for ``fleet.json``)."""
+    return fleet.parent / f"{fleet.stem}-logs"
 
 
 def check_env_key(key: str, given: str | None = None) -> None:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dqa.regen.config import DEFAULT_STATUS_TIMEOUT
-from dqa.regen.fleet.file import Endpoint, Fleet
+from dqa.regen.fleet.file import Endpoint, Fleet, FleetSet
 from dqa.regen.fleet.launch import is_local_host, verify_process
 from dqa.regen.servers import KINDS
 from dqa.regen.wire.http_probe import http_get
@@ -31,6 +31,7 @@ class EndpointStatus:
     gpu: str | None
     up: bool
     source: str  # metrics | log | none
+    fleet: str | None = None  # the fleet file that lists it
     process: str | None = None  # running | not running | None (not started by dqa / remote)
     gen_tok_per_s: float | None = None
     running: float | None = None
@@ -59,15 +60,23 @@ def endpoint_status(fleet: Fleet, ep: Endpoint, timeout: float = DEFAULT_STATUS_
     if ep.pid is not None and is_local_host(ep.host):
         process = "running" if verify_process(ep)[0] is not None else "not running"
     r = http_get(ep.url + "/health", timeout)
-    st = EndpointStatus(url=ep.url, gpu=ep.gpu, up=r is not None and r.status_code == 200, source="none", process=process)
+    st = EndpointStatus(url=ep.url, gpu=ep.gpu, up=r is not None and r.status_code == 200, source="none",
+                        fleet=None if fleet.path is None else str(fleet.path), process=process)
     KINDS[fleet.engine].status(fleet, ep, st, timeout)
     return st
 
 
 def fleet_status(fleet: Fleet, timeout: float = DEFAULT_STATUS_TIMEOUT) -> list[EndpointStatus]:
     """Probe every endpoint of ``fleet`` concurrently; results in fleet order."""
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(fleet.endpoints)))) as pool:
-        return list(pool.map(lambda ep: endpoint_status(fleet, ep, timeout), fleet.endpoints))
+    return fleet_set_status(FleetSet([fleet]), timeout)
+
+
+def fleet_set_status(fleets: FleetSet, timeout: float = DEFAULT_STATUS_TIMEOUT) -> list[EndpointStatus]:
+    """Probe every endpoint of every fleet file of ``fleets`` (one per node) concurrently;
+    results in file order, then fleet order."""
+    pairs = [(f, ep) for f in fleets.fleets for ep in f.endpoints]
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(pairs)))) as pool:
+        return list(pool.map(lambda pair: endpoint_status(pair[0], pair[1], timeout), pairs))
 
 
 def totals(statuses: list[EndpointStatus]) -> dict[str, Any]:

@@ -158,9 +158,10 @@ def prepare_launch(spec: FleetSpec, dry_run: bool = False) -> PreparedLaunch:
 
 
 def _refuse_to_overwrite(fleet: Path, force: bool) -> None:
-    """Raise ``UsageError`` when ``fleet`` records a fleet that still runs, and ``InputError``
-    when it cannot be read as a fleet file (it may be the only record of a running fleet, or
-    not a fleet file at all) unless ``force``."""
+    """Raise ``UsageError`` when ``fleet`` records a fleet that still runs (this machine's: its
+    processes; another machine's, e.g. a node sharing the folder: its servers answer ``/health``),
+    and ``InputError`` when it cannot be read as a fleet file (it may be the only record of a
+    running fleet, or not a fleet file at all) unless ``force``."""
     if not fleet.is_file():
         return
     try:
@@ -169,8 +170,17 @@ def _refuse_to_overwrite(fleet: Path, force: bool) -> None:
         if not force:
             raise InputError(f"{exc}; refusing to overwrite it (pass --force, or another --fleet)") from None
         old = None
-    if old is not None and any(fl.endpoint_alive(e) for e in old.endpoints):
+    if old is None:
+        return
+    if any(fl.endpoint_alive(e) for e in old.endpoints):
         raise UsageError(f"{fleet} records a fleet that is still running; `dqa fleet down --fleet {fleet}` first or pass another --fleet")
+    remote = [e for e in old.endpoints if not fl.is_local_host(e.host)]
+    running = next((e for e in remote if fl.probe_health(e.url, "/health", timeout=3.0)), None)
+    if running is not None:
+        raise UsageError(
+            f"{fleet} records servers of another machine ({running.host}) that still answer; "
+            "give each node its own fleet file (e.g. --fleet fleets/$(hostname).json)"
+        )
 
 
 @contextlib.contextmanager

@@ -40,8 +40,9 @@ class PlanInputs:
     one of ``tok_per_s``, ``tok_per_gpu``, ``req_per_s``, or measured (``calibrate``: a short
     real regeneration of ``sample`` prompts of ``dataset`` on ``fleet`` or ``endpoints``, read with
     ``tokenizer``'s chat format, default qwen3); more
-    scenarios as ``name:gpus:tok_per_gpu[:cost_per_gpu_hour]`` texts. ``gpus`` defaults to the
-    fleet file's GPU count, else the endpoints' count when calibrating, else 1.
+    scenarios as ``name:gpus:tok_per_gpu[:cost_per_gpu_hour]`` texts. ``fleet`` is one fleet
+    file or several (one per node; kept as a tuple of paths). ``gpus`` defaults to the fleet
+    files' GPU count (all of them together), else the endpoints' count when calibrating, else 1.
     """
 
     samples: int | None = None
@@ -51,7 +52,7 @@ class PlanInputs:
     tok_per_gpu: float | None = None
     req_per_s: float | None = None
     gpus: int | None = None
-    fleet: str | Path | None = None
+    fleet: str | Path | tuple[str, ...] | None = None
     gpu_hour_cost: float | None = None
     fleet_hour_cost: float | None = None
     scenarios: tuple[str, ...] = ()
@@ -68,6 +69,11 @@ class PlanInputs:
     aux_layers: int = DEFAULT_AUX_LAYERS
     storage_tokens: float | None = None
     ca_bundle: str | None = None
+
+    def __post_init__(self) -> None:
+        from dqa.regen.fleet.file import fleet_paths
+
+        object.__setattr__(self, "fleet", fleet_paths(self.fleet) or None)
 
 
 @dataclass(frozen=True)
@@ -118,11 +124,11 @@ def make_plan(
     if gpus is not None and gpus < 1:
         raise UsageError(f"--gpus {gpus}: a fleet has at least 1 GPU")
     if i.fleet is not None:
-        from dqa.regen.fleet.file import read_fleet
+        from dqa.regen.fleet.file import read_fleets
 
-        fleet_rec = read_fleet(i.fleet)
+        fleets = read_fleets(i.fleet)
         if gpus is None:
-            gpus = fleet_rec.gpu_count
+            gpus = fleets.gpu_count
     samples = i.samples
     if i.turns not in TURN_MODES:
         raise UsageError(f"--turns {i.turns!r}: expected one of {', '.join(TURN_MODES)}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from dqa.errors import RuntimeFailure, UsageError
 from dqa.regen.config import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_TOKENIZER
@@ -96,7 +96,7 @@ def calibrate(
     dataset: str | Path,
     findings: str | Path | None,
     sample: int,
-    fleet: str | Path | None,
+    fleet: str | Path | Sequence[str | Path] | None,
     endpoints: list[str],
     out: str | Path | None = None,
     protocol: str | None = None,
@@ -106,8 +106,9 @@ def calibrate(
     down_deadline: float = 120.0,
     ca_bundle: str | None = None,
 ) -> Calibration:
-    """Regenerate the first ``sample`` failing prompts of ``dataset`` on the fleet (a real,
-    in-process ``dqa regen`` run: ``dqa.regen.run.regenerate``) and return what it measured.
+    """Regenerate the first ``sample`` failing prompts of ``dataset`` on the fleet (``fleet``: one
+    fleet file or several, one per node; else ``endpoints``) (a real, in-process ``dqa regen``
+    run: ``dqa.regen.run.regenerate``) and return what it measured.
 
     The run's folder is ``out`` (kept, resumable), or a temporary one that is removed. Raises
     ``UsageError`` for a non-positive sample, ``InputError`` for bad inputs (from regen), and
@@ -116,23 +117,25 @@ def calibrate(
     import tempfile
 
     from dqa.regen.config import DatasetSpec, DispatchSpec, OutputSpec, RegenConfig, SamplingSpec, Selection, Timeouts
+    from dqa.regen.fleet.file import fleet_paths, read_fleets
     from dqa.regen.run import regenerate
 
     if sample < 1:
         raise UsageError(f"--sample {sample}: must be >= 1")
-    urls = list(endpoints)
-    kind = protocol  # bare endpoints: the kind of the protocol they are asked to speak
-    if fleet is not None:
-        from dqa.regen.fleet.file import read_fleet
-
-        fleet_rec = read_fleet(fleet)
-        urls, kind = fleet_rec.urls, fleet_rec.engine
+    # (URL, the path that says it is up): bare endpoints get the kind of the protocol they are
+    # asked to speak, a fleet's endpoints their engine's.
+    probes = [(u, up_path(protocol)) for u in endpoints]
+    fleet_files = fleet_paths(fleet)
+    if fleet_files:
+        probes = [(u, up_path(f.engine)) for f in read_fleets(fleet_files).fleets for u in f.urls]
     from dqa.regen.wire.http_policy import HttpPolicy
 
     policy = HttpPolicy(ca_bundle)  # the same TLS trust and proxies as the regen run below
-    health = up_path(kind)
-    if not any(answers_ok(u.rstrip("/") + health, 5.0, policy) for u in urls):
-        raise RuntimeFailure(f"calibration: no endpoint answers {health} ({', '.join(urls)}); is the fleet up? (`dqa fleet status`)")
+    if not any(answers_ok(u.rstrip("/") + health, 5.0, policy) for u, health in probes):
+        paths = sorted({health for _, health in probes}) or [up_path(protocol)]
+        raise RuntimeFailure(
+            f"calibration: no endpoint answers {' or '.join(paths)} ({', '.join(u for u, _ in probes)}); is the fleet up? (`dqa fleet status`)"
+        )
     tmp = None
     if out is None:
         tmp = tempfile.TemporaryDirectory(prefix="dqa-calibrate-")
@@ -145,7 +148,7 @@ def calibrate(
                 data=DatasetSpec(str(dataset), tokenizer=tokenizer),
                 selection=Selection(findings=None if findings is None else str(findings), limit=sample),
                 sampling=SamplingSpec(max_new_tokens=max_new_tokens),
-                dispatch=DispatchSpec(endpoints=tuple(endpoints), fleet=None if fleet is None else str(fleet), protocol=protocol,
+                dispatch=DispatchSpec(endpoints=tuple(endpoints), fleet=fleet_files or None, protocol=protocol,
                                       max_in_flight=max_in_flight, ca_bundle=ca_bundle, timeouts=Timeouts(down_deadline=down_deadline)),
                 output=OutputSpec(str(run_dir)),
                 live=False,
