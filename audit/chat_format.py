@@ -9,7 +9,7 @@ a chat template:
 - the **turn openers**, the role tokens that start a turn and so delimit turns (``<|im_start|>``;
   ``<|start_header_id|>``; ``<｜User｜>`` and ``<｜Assistant｜>``);
 - the **end-of-turn** token and what the template renders right after it (ChatML: ``\\n``);
-- the **think tags** (``<think>``, ``</think>``; None when the vocabulary has no such token);
+- the **think tags** (``<think>``, ``</think>``, MiniMax-M3's ``<mm:think>``; None when the vocabulary has no such token);
 - whether the template **drops the reasoning of history turns** (Qwen3: turns before the last
   user message lose their ``<think>`` block) and whether it keeps the reasoning of the assistant
   turns after the last real user message (Qwen3, Qwen3.6: the tool-calling turns of an agent
@@ -36,8 +36,18 @@ generation prompt ``<|start_header_id|>assistant<|end_header_id|>\\n\\n``; Llama
 tokenizer files ship without a template); one with ChatML's ``<|im_start|>``/``<|im_end|>``
 gets plain ChatML. Any other tokenizer without a template is refused (``InputError``).
 
-Templates whose assistant turns have no end-of-turn token of their own (GLM 4.5+: the next
-role token ends the turn) are refused too, for now: the truncation checks need one.
+Templates whose assistant turns have no end-of-turn token of their own (GLM 4.5+) are read with
+the rule "a turn ends where the next role token begins, or at the end of the text"
+(``ends_at_next_role``): the probe finds nothing between an assistant turn's text and the next user
+turn, and nothing after the last turn. Such a turn cannot show a cut in its answer (only a think
+block that never closes does).
+
+The think tags are the template's own: the tags around the probe's ``reasoning_content`` in the last
+turn (MiniMax-M3's ``<mm:think>``/``</mm:think>``), else ``<think>``/``</think>``. Every probe is
+rendered under each setting the template reads (``enable_thinking``, ``thinking``, ``thinking_mode``;
+each ``reasoning_effort``) and compared only with renders of the same setting (GLM-5.2 adds a
+"Reasoning Effort" system line unless thinking is off); a setting that changes how turns render is
+named in the refusal.
 
 Rendering a template (and finding a folder's) is ``dqa.audit.chat_render``; what a dataset's
 samples show about its format (a wrong tokenizer, the masking conventions) is
@@ -94,6 +104,14 @@ class ChatFormat:
             fallback (``"built-in Llama 3 format"``, ``"built-in ChatML format"``).
         names: the text of the format's own ids (a preset's), so that ``describe`` and ``decode``
             name them without loading a tokenizer.
+        ends_at_next_role: the turns have no end-of-turn token of their own (GLM 4.5+): a turn ends
+            where the next role token (any of ``turn_openers``) begins, or at the end of the text;
+            ``eot`` is then the user turn's opener (``<|user|>``, SpecForge's ``end_of_turn_token``)
+            and ``post_eot`` is empty.
+        empty_think_in_history: a history turn whose reasoning the template drops still renders an
+            empty think block (GLM-4.5V, GLM-5.2: ``<think></think>``), which is the template's, not the data's.
+        history_prefix: the tokens the template renders between the header and the answer of a history
+            turn that lost its reasoning (GLM-5.2 ``<think></think>``, GLM-4.7 ``</think>``; ``()`` for Qwen).
     """
 
     name: str
@@ -120,6 +138,7 @@ class ChatFormat:
     names: dict[int, str] | None = field(default=None, repr=False, compare=False)
     ends_at_next_role: bool = False
     empty_think_in_history: bool = False
+    history_prefix: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         openers = tuple(dict.fromkeys((self.turn_start, *self.turn_openers)))
@@ -477,6 +496,7 @@ def derive_chat_format(
         keeps_reasoning_after_last_user=keeps_after,
         ends_at_next_role=next_role,
         empty_think_in_history=empty_think_in_history,
+        history_prefix=tuple(int(t) for t in seg) if "reasoning_content" in asst1 else (),
     )
 
 

