@@ -306,3 +306,20 @@ def test_a_glm_multi_turn_set_goes_through_regen_and_merge_in_its_convention(tok
         assert trained_runs(model, ids, mask) == spans, text
         assert ids[-1] != user and text.count("<|assistant|><think></think>") == 2, text  # two history turns, reasoning dropped
         assert "OK." not in text and text.count("The answer is") == 2
+
+
+def test_specforges_glm_pattern_trains_a_tool_result_and_dqa_flags_it(tok_root, tmp_path):
+    """SpecForge's GLM pattern runs from ``<|assistant|><think>`` to the next ``<|user|>``: in an agent loop it trains
+    the ``<|observation|>`` turn (the tool result) and the next header with the tool-calling turn. Those tokens lie
+    outside every assistant turn (``<|observation|>`` ends a turn): ``mask_misaligned``, in that row only."""
+    model, folder = model_of("glm-5.2", tok_root)
+    rng = random.Random(3)
+    rows = [specforge(model, rounds(rng, i, [reply(rng, "glm-5.2") for _ in range(2)])) for i in range(20)]
+    agent = [{"role": "user", "content": f"Look it up: {sentence(rng, 8)}"}, {"role": "assistant", "content": reply(rng, "glm-5.2")},
+             {"role": "tool", "content": f"Result: {sentence(rng, 12)}"}, {"role": "assistant", "content": reply(rng, "glm-5.2")}]
+    ids, mask = specforge(model, agent)
+    assert "<|observation|>" in model.hf.decode([t for t, k in zip(ids, mask) if k])
+    rows.append((ids, mask))
+    result = run_scan(write_parquet(tmp_path / "set.parquet", rows), tmp_path / "out", ScanOptions(tokenizer=str(folder)))
+    assert result.findings["row"].to_list() == [20]
+    assert result.findings["reasons"].to_list() == [["mask_misaligned"]]
