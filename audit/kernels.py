@@ -17,7 +17,10 @@ sampled 8-grams.
 Everything about the chat template comes from the ``ChatFormat`` (``dqa.audit.chat_format``):
 its role tokens delimit turns, its assistant header is matched as a token sequence that
 starts with one of them, and a trained span may end in end of turn followed by the
-template's own tokens after it (ChatML's newline).
+template's own tokens after it (ChatML's newline). A format whose turns end at the next role
+token (GLM, ``ChatFormat.ends_at_next_role``) has no end-of-turn token: a turn's region runs to
+the next turn opener (not part of it) or the row's end, every turn counts as closed, and its
+trained span ends at the row's end or just before a role token.
 
 Per trained assistant turn (``batch_metrics_and_turns``) the same questions are answered on
 the turn's region (from its header to its end of turn and what the template puts after it,

@@ -323,3 +323,28 @@ def test_specforges_glm_pattern_trains_a_tool_result_and_dqa_flags_it(tok_root, 
     result = run_scan(write_parquet(tmp_path / "set.parquet", rows), tmp_path / "out", ScanOptions(tokenizer=str(folder)))
     assert result.findings["row"].to_list() == [20]
     assert result.findings["reasons"].to_list() == [["mask_misaligned"]]
+
+
+def test_glm_conversation_jsonl_is_rendered_and_audited_per_turn(tok_root, tmp_path):
+    """Conversation JSONL with a GLM-5.2 tokenizer folder: rendered with its template (thinking on), each turn trained
+    up to the next role token, untrained; the "OK." planted in the first of two turns is found there, nothing else."""
+    import json
+
+    _, folder = model_of("glm-5.2", tok_root)
+    rng = random.Random(4)
+    lines = []
+    for i in range(40):
+        first = {"role": "assistant", "content": "OK."} if i < 12 else {"role": "assistant", "content": sentence(rng, 30),
+                                                                        "reasoning_content": sentence(rng, 20)}
+        msgs = [{"role": "user", "content": f"Question {i}: {sentence(rng, 8)}"}, first,
+                {"role": "user", "content": f"And then {i}: {sentence(rng, 8)}"},
+                {"role": "assistant", "content": sentence(rng, 30), "reasoning_content": sentence(rng, 20)}]
+        lines.append(json.dumps({"id": f"c{i}", "messages": msgs}))
+    src = tmp_path / "train.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    result = run_scan(src, tmp_path / "out", ScanOptions(tokenizer=str(folder)))
+    f = result.findings
+    assert sorted(f["row"].to_list()) == list(range(12))
+    assert set(map(tuple, f["turns"].to_list())) == {(0,)} and {r[0] for r in f["reasons"].to_list()} == {"degenerate_template"}
+    m = result.metrics
+    assert m["misaligned_tokens"].sum() == 0 and m["think_present"].all()
