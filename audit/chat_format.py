@@ -384,13 +384,13 @@ def derive_chat_format(
     header = tuple(seqs[0][: _common_prefix(seqs)])
     if not header:
         raise _unsupported(where, "no assistant header: the generation prompt and a rendered assistant turn share no prefix")
-    think_open, think_close = _think_tags(tok, history, _added_ids(tok))
+    added = _added_ids(tok)
+    think_open, think_close = _think_tags(tok, history, added)
     if len(header) > 1 and header[-1] == think_open:
         header = header[:-1]  # GLM-5.2 opens every turn with <think>: the think block's, not the header's
     think_prefix = tuple(on.ids[at[0] + len(header):])
     no_think_prefix = None if p_on[len(p0_on):] == p_off[len(p0_off):] else tuple(off.ids[at[1] + len(header):])
 
-    added = _added_ids(tok)
     opener = header[0]
     if opener not in added:
         raise _unsupported(where, f"the assistant header {tok.decode(list(header), skip_special_tokens=False)!r} does not start with a special token")
@@ -515,7 +515,9 @@ def _check_other_settings(render, template: str, where: str, conv: list[dict], u
             if not grown.startswith(start):
                 raise _unsupported(where, f"the chat template renders a conversation's start differently once it grows ({_setting_text(setting)})")
             if grown[len(start):] != base:
-                raise _unsupported(where, f"the chat template renders turns differently with {_setting_text(setting)} than without it")
+                # The folder is the right one: the setting is the cause, not the tokenizer.
+                raise InputError(f"{where}: the chat template renders turns differently with {_setting_text(setting)} than without "
+                                 "it; dqa reads one chat format per set and cannot tell which setting made the data")
 
 
 def _think_tags(tok, history: str, added: set[int]) -> tuple[int | None, int | None]:

@@ -256,6 +256,7 @@ def test_a_setting_that_changes_the_turns_is_named_in_the_refusal(tok_root, tmp_
         template.load_template(str(odd))
     msg = str(err.value)
     assert "reasoning_effort='low'" in msg and "\n" not in msg and msg.startswith(str(odd)), msg
+    assert "tokenizer folder of the model" not in msg  # the folder is right: the setting is the cause
 
 
 # ----------------------------------------------------------------------------- regen and merge of a GLM set
