@@ -29,6 +29,7 @@ import pytest
 from chatdata import sentence, write_parquet
 from peer_conventions import TOKENIZER_OF, load_model, package_dir, specforge, tokenizer_folder
 from dqa.audit import template
+from dqa.audit.conventions import conventions_line
 from dqa.audit.scan import ScanOptions, run_scan
 from dqa.errors import InputError
 
@@ -116,9 +117,13 @@ def test_specforge_sets_are_audited_per_turn(name, tok_root, tmp_path):
         assert conv["format"]["assistant_header"] == "<|assistant|>" and conv["format"]["turn_end"].startswith("the next role token")
         assert conv["header_includes_think"] is True  # SpecForge's header is "<|assistant|><think>"
         assert (conv["post_eot_trained"], conv["eot_trained"]) == (None, None)  # no end-of-turn token of its own
+        assert conventions_line(conv) == ("conventions: header '<|assistant|>' · a turn ends at the next role token or the end "
+                                          "of the text · <think> in the untrained header · all assistant turns trained (35 multi-turn)")
     else:
         assert conv["format"]["think_tags"] == ["<mm:think>", "</mm:think>"]
         assert conv["header_includes_think"] is False and conv["post_eot_trained"] is True and conv["eot_trained"] is True
+        assert conventions_line(conv) == ("conventions: header ']~b]ai\\n' · trains '\\n' after [e~[ · <mm:think> trained · "
+                                          "all assistant turns trained (35 multi-turn)")
 
 
 def test_the_glm_trained_span_is_specforges(tok_root):
