@@ -21,8 +21,9 @@ rescan and comes back in SpecForge's GLM convention; GLM conversation JSONL is r
 audited per turn; a tool result SpecForge's GLM pattern trains is flagged ``mask_misaligned``.
 
 (The fixture rows were checked token for token against SpecForge's own ``GLMParser`` and
-``GeneralParser`` with pull request #534's MiniMax entry, outside this suite, which does not
-import SpecForge: 90 of 90 rows identical.)
+``GeneralParser`` with pull request #534's MiniMax entry by
+``tests/peer_conventions/check_against_specforge.py``, outside this suite, which does not import
+SpecForge: 90 of 90 rows identical.)
 """
 
 from __future__ import annotations
