@@ -53,7 +53,8 @@ def folder_of(name, root):
     return folder
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3.6", "deepseek-v3", "deepseek-r1", "deepseek-v3.1", "glm-4.7-flash"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3.6", "deepseek-v3", "deepseek-r1", "deepseek-v3.1", "glm-4.7-flash", "glm-5.2",
+                                  "minimax-m3"])
 def test_the_sandbox_renders_what_transformers_renders(name, tok_root):
     folder = folder_of(name, tok_root)
     hf = load_model(name, str(folder)).hf
@@ -61,7 +62,8 @@ def test_the_sandbox_renders_what_transformers_renders(name, tok_root):
     assert text == hf.chat_template
     for conv in CONVERSATIONS:
         for gen in (False, True):
-            for kw in ({}, {"enable_thinking": False}, {"enable_thinking": True, "thinking": True}):
+            for kw in ({}, {"enable_thinking": False}, {"enable_thinking": True, "thinking": True}, {"thinking_mode": "disabled"},
+                       {"reasoning_effort": "high"}):
                 want = hf.apply_chat_template(conv, tokenize=False, add_generation_prompt=gen, **kw)
                 assert render_chat(text, conv, add_generation_prompt=gen, special=special_tokens(config), **kw) == want, (conv, gen, kw)
 
