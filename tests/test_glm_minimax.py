@@ -364,3 +364,36 @@ def test_glm_conversation_jsonl_is_rendered_and_audited_per_turn(tok_root, tmp_p
     assert set(map(tuple, f["turns"].to_list())) == {(0,)} and {r[0] for r in f["reasons"].to_list()} == {"degenerate_template"}
     m = result.metrics
     assert m["misaligned_tokens"].sum() == 0 and m["think_present"].all()
+
+
+# The test fixtures' own templates (TRL's training templates, Llama 3's documented one, axolotl's Qwen variants): each
+# tokenizer with the template the fixture renders with, and what the probe learns from it.
+FIXTURE_TEMPLATES = {
+    ("trl", "qwen3"): ("<|im_start|>assistant\n", EOT, ["<think>", "</think>"]),
+    ("trl", "qwen3.6"): ("<|im_start|>assistant\n", EOT, ["<think>", "</think>"]),
+    ("trl", "llama3"): ("<|start_header_id|>assistant<|end_header_id|>\n\n", EOT, None),
+    ("trl", "deepseek-v3"): ("<｜Assistant｜>", EOT, None),
+    ("models", "llama3"): ("<|start_header_id|>assistant<|end_header_id|>\n\n", EOT, None),
+    ("axolotl", "qwen3"): ("<|im_start|>assistant\n", EOT, ["<think>", "</think>"]),
+    ("axolotl", "qwen3.6"): ("<|im_start|>assistant\n", EOT, ["<think>", "</think>"]),
+}
+
+
+@pytest.mark.parametrize("source, name", sorted(FIXTURE_TEMPLATES))
+def test_every_fixture_template_is_learned(source, name, tok_root):
+    from peer_conventions import LLAMA3_TEMPLATE, axolotl_qwen_template
+    from peer_conventions.trl import TRAINING_TEMPLATES
+    from dqa.audit.chat_format import derive_chat_format
+    from dqa.audit.chat_render import read_chat_template
+    from dqa.tokenizer_files import load_tokenizer
+
+    folder = tokenizer_folder(name, tok_root)
+    if folder is None:
+        pytest.skip(f"the package with {name}'s tokenizer is not installed")
+    text = {"trl": lambda: TRAINING_TEMPLATES[name], "models": lambda: LLAMA3_TEMPLATE,
+            "axolotl": lambda: axolotl_qwen_template(load_model(name, str(folder)))}[source]()
+    config = read_chat_template(folder)[1]
+    if name == "llama3":
+        config = {**config, "bos_token": "<|begin_of_text|>"}
+    d = derive_chat_format(load_tokenizer(folder), text, config, name=name, where=f"{source} {name}").describe()
+    assert (d["assistant_header"], d["turn_end"], d["think_tags"]) == FIXTURE_TEMPLATES[source, name]
