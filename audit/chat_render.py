@@ -40,11 +40,18 @@ def special_tokens(config: dict) -> dict[str, str]:
 
 
 @lru_cache(maxsize=16)
+def _parse(template: str):
+    """``template`` parsed once (jinja2's AST), for compiling and for reading its variables."""
+    return _environment().parse(template)
+
+
+@lru_cache(maxsize=16)
 def _compile(template: str):
     """Compile ``template`` in jinja2's immutable sandbox with transformers' settings and helpers."""
-    return _environment().from_string(template)
+    return _environment().from_string(_parse(template))
 
 
+@lru_cache(maxsize=16)
 def template_variables(template: str) -> frozenset[str]:
     """The names a chat template reads from its context (``enable_thinking``, ``thinking_mode``,
     ``reasoning_effort`` ...), as jinja2's ``meta.find_undeclared_variables`` finds them.
@@ -54,7 +61,7 @@ def template_variables(template: str) -> frozenset[str]:
     from jinja2 import meta
 
     try:
-        return frozenset(meta.find_undeclared_variables(_environment().parse(template)))
+        return frozenset(meta.find_undeclared_variables(_parse(template)))
     except jinja2.TemplateError:
         return frozenset()
 
