@@ -397,3 +397,15 @@ def test_every_fixture_template_is_learned(source, name, tok_root):
         config = {**config, "bos_token": "<|begin_of_text|>"}
     d = derive_chat_format(load_tokenizer(folder), text, config, name=name, where=f"{source} {name}").describe()
     assert (d["assistant_header"], d["turn_end"], d["think_tags"]) == FIXTURE_TEMPLATES[source, name]
+
+
+def test_a_glm_reply_splits_into_content_and_reasoning_without_its_stop_token(tok_root):
+    """Conversation JSONL merge: the stand-in's GLM reply (after "<|assistant|><think>") is the thought, "</think>", the
+    answer and the role token it stopped on (<|user|> or <|observation|>), which is no part of the turn."""
+    from dqa.regen.merge.conversations import split_reply
+
+    model, folder = model_of("glm-5.2", tok_root)
+    fmt = template.load_template(str(folder))
+    for stop in ("<|user|>", "<|observation|>"):
+        out = model.encode("Let me think about it.</think>The answer is four.") + model.encode(stop)
+        assert split_reply(out, fmt) == ("The answer is four.", "Let me think about it.")
