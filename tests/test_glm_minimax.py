@@ -409,3 +409,48 @@ def test_a_glm_reply_splits_into_content_and_reasoning_without_its_stop_token(to
     for stop in ("<|user|>", "<|observation|>"):
         out = model.encode("Let me think about it.</think>The answer is four.") + model.encode(stop)
         assert split_reply(out, fmt) == ("The answer is four.", "Let me think about it.")
+
+
+def test_glm_conversation_jsonl_goes_through_regen_and_merge_as_conversation_jsonl(tok_root, tmp_path):
+    """GLM-5.2 conversation JSONL with "OK." in turn 1 of some rows: regen (the stand-in in GLM's ids) and merge give
+    conversation JSONL whose regenerated turns carry the new content and reasoning, no role token in either; the
+    rest stays as it was, and the rescan finds nothing."""
+    import json
+
+    from servers.sglang_contract import StubServer
+    from test_regen_multi_turn import STUB_ANSWERS, dqa, scan
+
+    _, folder = model_of("glm-5.2", tok_root)
+    rng = random.Random(12)
+    n, degenerate = 16, set(range(0, 16, 2))
+    convs = []
+    for i in range(n):
+        msgs = []
+        for k in range(3):
+            msgs.append({"role": "user", "content": f"Question {i}.{k}: {sentence(rng, 8)}"})
+            ok = k == 1 and i in degenerate
+            msgs.append({"role": "assistant", "content": "OK." if ok else sentence(rng, 30), "reasoning_content": "" if ok else sentence(rng, 20)})
+        convs.append(msgs)
+    src = tmp_path / "train.jsonl"
+    src.write_text("".join(json.dumps({"id": f"conv-{i}", "messages": m}) + "\n" for i, m in enumerate(convs)))
+    before = scan(src, tmp_path / "scan", folder)
+    assert before["failing_rows"] == len(degenerate), {k: v["count"] for k, v in before["checks"].items() if v["count"]}
+    regen = tmp_path / "regen"
+    with StubServer(tmp_path / "stub", "--zero-latency", "--vocab", "glm-5.2", *STUB_ANSWERS) as server:
+        r = dqa("regen", src, "--findings", tmp_path / "scan", "-e", server.url, "--out", regen, "--tokenizer", folder)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "train.v2.jsonl"
+    m = dqa("merge", src, "--regen", regen, "--out", out, "--json")
+    assert m.returncode == 0, m.stderr
+    back = [json.loads(line) for line in out.read_text().splitlines()]
+    for i, (old, new) in enumerate(zip(convs, back)):
+        if i not in degenerate:
+            assert new["messages"] == old and new["dqa_regen"] is None
+            continue
+        asst = [x for x in new["messages"] if x["role"] == "assistant"]
+        assert asst[0] == old[1], "turn 0 was not flagged: kept"
+        for turn in (1, 2):
+            assert asst[turn]["content"].startswith("The answer is") and asst[turn]["reasoning_content"].startswith("Okay,")
+            assert "<|" not in asst[turn]["content"] + asst[turn]["reasoning_content"] and "think>" not in asst[turn]["content"]
+    after = scan(out, tmp_path / "rescan", folder)
+    assert after["failing_rows"] == 0, {k: v["count"] for k, v in after["checks"].items() if v["count"]}
