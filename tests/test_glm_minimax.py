@@ -454,3 +454,14 @@ def test_glm_conversation_jsonl_goes_through_regen_and_merge_as_conversation_jso
             assert "<|" not in asst[turn]["content"] + asst[turn]["reasoning_content"] and "think>" not in asst[turn]["content"]
     after = scan(out, tmp_path / "rescan", folder)
     assert after["failing_rows"] == 0, {k: v["count"] for k, v in after["checks"].items() if v["count"]}
+
+
+def test_the_openai_protocol_refuses_a_glm_format_in_one_line(tok_root):
+    """The openai route decodes prompts into messages by their end-of-turn tokens; GLM has none: refused, naming the fix."""
+    from dqa.regen.servers.openai import KIND
+
+    _, folder = model_of("glm-5.2", tok_root)
+    with pytest.raises(InputError) as err:
+        KIND.make_protocol(None, template.load_template(str(folder)), "glm")
+    msg = str(err.value)
+    assert "next role token" in msg and "--protocol sglang" in msg and "\n" not in msg

@@ -340,8 +340,10 @@ def turn_ends(ids: np.ndarray, heads: np.ndarray, fmt) -> np.ndarray:
     hlen = len(fmt.assistant_header)
     if fmt.ends_at_next_role:
         openers = np.flatnonzero(np.isin(ids, np.asarray(fmt.turn_openers, dtype=ids.dtype)))
+        if openers.size == 0:
+            return np.full(heads.size, n, dtype=np.int64)
         k = np.searchsorted(openers, heads + hlen)
-        return np.where(k < openers.size, openers[np.minimum(k, max(openers.size - 1, 0))] if openers.size else n, n).astype(np.int64)
+        return np.where(k < openers.size, openers[np.minimum(k, openers.size - 1)], n).astype(np.int64)
     eots = np.flatnonzero(ids == fmt.eot)
     nxt = np.append(heads[1:], n)
     out = np.empty(heads.size, dtype=np.int64)
