@@ -9,7 +9,7 @@ a chat template:
 - the **turn openers**, the role tokens that start a turn and so delimit turns (``<|im_start|>``;
   ``<|start_header_id|>``; ``<｜User｜>`` and ``<｜Assistant｜>``);
 - the **end-of-turn** token and what the template renders right after it (ChatML: ``\\n``);
-- the **think tags** (``<think>``, ``</think>``; None when the vocabulary has no such token);
+- the **think tags** (``<think>``, ``</think>``, MiniMax-M3's ``<mm:think>``; None when the vocabulary has no such token);
 - whether the template **drops the reasoning of history turns** (Qwen3: turns before the last
   user message lose their ``<think>`` block) and whether it keeps the reasoning of the assistant
   turns after the last real user message (Qwen3, Qwen3.6: the tool-calling turns of an agent
@@ -36,8 +36,18 @@ generation prompt ``<|start_header_id|>assistant<|end_header_id|>\\n\\n``; Llama
 tokenizer files ship without a template); one with ChatML's ``<|im_start|>``/``<|im_end|>``
 gets plain ChatML. Any other tokenizer without a template is refused (``InputError``).
 
-Templates whose assistant turns have no end-of-turn token of their own (GLM 4.5+: the next
-role token ends the turn) are refused too, for now: the truncation checks need one.
+Templates whose assistant turns have no end-of-turn token of their own (GLM 4.5+) are read with
+the rule "a turn ends where the next role token begins, or at the end of the text"
+(``ends_at_next_role``): the probe finds nothing between an assistant turn's text and the next user
+turn, and nothing after the last turn. Such a turn cannot show a cut in its answer (only a think
+block that never closes does).
+
+The think tags are the template's own: the tags around the probe's ``reasoning_content`` in the last
+turn (MiniMax-M3's ``<mm:think>``/``</mm:think>``), else ``<think>``/``</think>``. Every probe is
+rendered under each setting the template reads (``enable_thinking``, ``thinking``, ``thinking_mode``;
+each ``reasoning_effort``) and compared only with renders of the same setting (GLM-5.2 adds a
+"Reasoning Effort" system line unless thinking is off); a setting that changes how turns render is
+named in the refusal.
 
 Rendering a template (and finding a folder's) is ``dqa.audit.chat_render``; what a dataset's
 samples show about its format (a wrong tokenizer, the masking conventions) is
@@ -46,13 +56,15 @@ samples show about its format (a wrong tokenizer, the masking conventions) is
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from dqa.audit.chat_render import CHATML_TEMPLATE, CHATML_TOKENS, LLAMA3_TEMPLATE, LLAMA3_TOKENS, render_chat, special_tokens
+from dqa.audit.chat_render import (CHATML_TEMPLATE, CHATML_TOKENS, LLAMA3_TEMPLATE, LLAMA3_TOKENS, render_chat, special_tokens,
+                                   template_variables)
 from dqa.errors import InputError
 
 
@@ -92,6 +104,14 @@ class ChatFormat:
             fallback (``"built-in Llama 3 format"``, ``"built-in ChatML format"``).
         names: the text of the format's own ids (a preset's), so that ``describe`` and ``decode``
             name them without loading a tokenizer.
+        ends_at_next_role: the turns have no end-of-turn token of their own (GLM 4.5+): a turn ends
+            where the next role token (any of ``turn_openers``) begins, or at the end of the text;
+            ``eot`` is then the user turn's opener (``<|user|>``, SpecForge's ``end_of_turn_token``)
+            and ``post_eot`` is empty.
+        empty_think_in_history: a history turn whose reasoning the template drops still renders an
+            empty think block (GLM-4.5V, GLM-5.2: ``<think></think>``), which is the template's, not the data's.
+        history_prefix: the tokens the template renders between the header and the answer of a history
+            turn that lost its reasoning (GLM-5.2 ``<think></think>``, GLM-4.7 ``</think>``; ``()`` for Qwen).
     """
 
     name: str
@@ -116,6 +136,9 @@ class ChatFormat:
     tool_response_opener: tuple[int, ...] | None = None
     keeps_reasoning_after_last_user: bool | None = None
     names: dict[int, str] | None = field(default=None, repr=False, compare=False)
+    ends_at_next_role: bool = False
+    empty_think_in_history: bool = False
+    history_prefix: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         openers = tuple(dict.fromkeys((self.turn_start, *self.turn_openers)))
@@ -205,6 +228,8 @@ class ChatFormat:
             "user_header": text(self.user_header) if self.user_header else None,
             "tool_response_opener": None if self.tool_response_opener is None else text(self.tool_response_opener),
             "keeps_reasoning_after_last_user": self.keeps_reasoning_after_last_user,
+            "turn_end": "the next role token or the end of the text" if self.ends_at_next_role else "the end-of-turn token",
+            "empty_think_in_history": self.empty_think_in_history,
         }
 
 
@@ -258,6 +283,27 @@ def _unsupported(where: str, what: str) -> InputError:
     return InputError(f"{where}: {what}; dqa cannot read a chat format from it (give the tokenizer folder of the model that made the data)")
 
 
+# The variables templates read to switch thinking on and off, with their on and off values
+# (transformers passes them as extra keyword arguments of apply_chat_template).
+_THINKING_SWITCHES = {"enable_thinking": (True, False), "thinking": (True, False), "thinking_mode": ("enabled", "disabled")}
+# Settings that must not change how turns render (GLM-5.2 adds "<|system|>Reasoning Effort: ..." at the start).
+_OTHER_SETTINGS = {"reasoning_effort": ("low", "medium", "high", "max")}
+_TAG = re.compile(r"<[^<>\s]+>")
+
+
+def _thinking_settings(template: str) -> tuple[dict, dict]:
+    """The template variables that switch thinking on and off, as ``(on, off)`` keyword dicts:
+    only those the template reads (both empty when it reads none); every known switch when the
+    template's variables cannot be read."""
+    reads = template_variables(template)
+    names = [n for n in _THINKING_SWITCHES if n in reads] if reads else ["enable_thinking", "thinking"]
+    return ({n: _THINKING_SWITCHES[n][0] for n in names}, {n: _THINKING_SWITCHES[n][1] for n in names})
+
+
+def _setting_text(setting: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in setting.items()) or "no setting"
+
+
 def derive_chat_format(
     tok,
     template: str | None,
@@ -277,8 +323,11 @@ def derive_chat_format(
     ``vocab``: the tokenizer's vocabulary with added tokens, when the caller has it already
     (reading it takes ~0.2 s for Qwen3's).
 
-    Raises ``InputError`` when the template cannot be rendered, has no assistant header or
-    end-of-turn token that dqa can find, or is missing and no fallback fits.
+    Every probe is rendered under each setting the template reads (no setting, thinking on,
+    thinking off, each ``reasoning_effort``), and renders are compared only with renders of the
+    same setting. Returns the format. Raises ``InputError``, in one line naming the cause (and the
+    setting, where one is the cause), when the template cannot be rendered, has no assistant header
+    or turn end that dqa can find, or is missing and no fallback fits.
     """
     import jinja2
 
@@ -294,23 +343,30 @@ def derive_chat_format(
             template, source = CHATML_TEMPLATE, "built-in ChatML format"
         else:
             raise _unsupported(where, "no chat template (chat_template.jinja or tokenizer_config.json) and no known format's tokens")
+    on_kw, off_kw = _thinking_settings(template)
 
-    def render(messages, gen=False, thinking=None) -> str:
-        kw = {} if thinking is None else {"enable_thinking": thinking, "thinking": thinking}
+    def render(messages, gen=False, setting=None) -> str:
         try:
-            return render_chat(template, messages, add_generation_prompt=gen, special=special, **kw)
+            return render_chat(template, messages, add_generation_prompt=gen, special=special, **(setting or {}))
         except jinja2.TemplateError as exc:
-            raise _unsupported(where, f"the chat template does not render a probe conversation ({exc})") from None
+            raise _unsupported(where, f"the chat template does not render a probe conversation with {_setting_text(setting or {})} ({exc})") from None
 
     user1, user2 = {"role": "user", "content": _U1}, {"role": "user", "content": _U2}
-    asst1 = {"role": "assistant", "content": f"<think>\n{_R1}\n</think>\n\n{_A1}"}
-    asst2 = {"role": "assistant", "content": f"<think>\n{_R2}\n</think>\n\n{_A2}"}
-    p0 = render([user1])
-    p_on, p_off = render([user1], True, True), render([user1], True, False)
-    history = render([user1, asst1, user2, asst2])
-    for text in (p_on, p_off, history):
-        if not text.startswith(p0):
-            raise _unsupported(where, "the chat template renders a conversation's start differently once it grows")
+    # The reasoning as the template's own field (its think tags then come from the template), else inline in <think> tags.
+    asst1 = {"role": "assistant", "content": _A1, "reasoning_content": _R1}
+    asst2 = {"role": "assistant", "content": _A2, "reasoning_content": _R2}
+    if _R2 not in render([user1, asst1, user2, asst2]):
+        asst1 = {"role": "assistant", "content": f"<think>\n{_R1}\n</think>\n\n{_A1}"}
+        asst2 = {"role": "assistant", "content": f"<think>\n{_R2}\n</think>\n\n{_A2}"}
+    conv = [user1, asst1, user2, asst2]
+    # Per setting: the first user turn alone, and what a generation prompt and a grown conversation add to it.
+    p0, p0_on, p0_off = render([user1]), render([user1], setting=on_kw), render([user1], setting=off_kw)
+    p_on, p_off = render([user1], True, on_kw), render([user1], True, off_kw)
+    history = render(conv)
+    for start_text, text, setting in ((p0_on, p_on, on_kw), (p0_off, p_off, off_kw), (p0, history, {})):
+        if not text.startswith(start_text):
+            raise _unsupported(where, f"the chat template renders a conversation's start differently once it grows ({_setting_text(setting)})")
+    _check_other_settings(render, template, where, conv, user1, p0, history)
 
     # The assistant header: what the generation prompts (thinking on and off) and a rendered
     # history turn have in common, cut before the turn's own text.
@@ -320,7 +376,7 @@ def derive_chat_format(
     if cut < 0:
         raise _unsupported(where, "the chat template drops an assistant message's text")
     on, off, hist = _Encoded(tok, p_on), _Encoded(tok, p_off), _Encoded(tok, history)
-    at = [e.index_at(start) for e in (on, off, hist)]
+    at = [on.index_at(len(p0_on)), off.index_at(len(p0_off)), hist.index_at(start)]
     cut_tok = hist.index_at(start + cut)
     if None in at or cut_tok is None:
         raise _unsupported(where, "the chat template's turns do not start on token boundaries")
@@ -328,10 +384,13 @@ def derive_chat_format(
     header = tuple(seqs[0][: _common_prefix(seqs)])
     if not header:
         raise _unsupported(where, "no assistant header: the generation prompt and a rendered assistant turn share no prefix")
-    think_prefix = tuple(on.ids[at[0] + len(header):])
-    no_think_prefix = None if p_on == p_off else tuple(off.ids[at[1] + len(header):])
-
     added = _added_ids(tok)
+    think_open, think_close = _think_tags(tok, history, added)
+    if len(header) > 1 and header[-1] == think_open:
+        header = header[:-1]  # GLM-5.2 opens every turn with <think>: the think block's, not the header's
+    think_prefix = tuple(on.ids[at[0] + len(header):])
+    no_think_prefix = None if p_on[len(p0_on):] == p_off[len(p0_off):] else tuple(off.ids[at[1] + len(header):])
+
     opener = header[0]
     if opener not in added:
         raise _unsupported(where, f"the assistant header {tok.decode(list(header), skip_special_tokens=False)!r} does not start with a special token")
@@ -358,47 +417,54 @@ def derive_chat_format(
     openers = [opener, user_opener]
 
     # A system turn's opener, when it has one of its own (GLM's <|system|>; DeepSeek puts the
-    # system prompt bare after the BOS token, which is no opener).
+    # system prompt bare after the BOS token, which is no opener): a special token the system
+    # message adds before its text, after what it shares with the render without it.
     try:
         with_sys = render([{"role": "system", "content": _SYS}, user1])
     except InputError:
         with_sys = None
     if with_sys is not None and _SYS in with_sys:
         enc = _Encoded(tok, with_sys)
-        at = enc.index_at(with_sys.index(_SYS))
-        prefix_specials = set(before_u1[: len(before_u1) - len(user_header)])
-        before_sys = enc.ids[: at or 0]
-        cands = [t for t in before_sys if t in added and t not in prefix_specials]
+        before_sys = enc.ids[: enc.index_at(with_sys.index(_SYS)) or 0]
+        cands = [t for t in before_sys[_common_prefix([before_sys, first.ids]):] if t in added]
         if cands and opener not in before_sys and user_opener not in before_sys:
             openers.append(cands[-1])
 
     # End of turn: the tokens between an assistant turn's text and the next user turn, and at the
-    # end of the conversation; the first is the end-of-turn token, the rest what follows it.
+    # end of the conversation; the first is the end-of-turn token, the rest what follows it. None
+    # at all (GLM 4.5+): the next role token ends the turn, or the end of the text.
     a1_end = history.index(_A1) + len(_A1)
     i = hist.index_at(a1_end)
     j = u2_tok - len(user_header)
     between = tuple(hist.ids[i:j]) if i is not None and j >= i else ()
     a2_end = history.index(_A2) + len(_A2) if _A2 in history else -1
     tail = tuple(hist.ids[hist.index_at(a2_end):]) if a2_end >= 0 and hist.index_at(a2_end) is not None else ()
-    if not between:
-        # The folder is the right one (GLM 4.5+): say what was found and what is missing, not "another folder".
-        raise InputError(
-            f"{where}: assistant turns ({tok.decode(list(header), skip_special_tokens=False)!r}) have no end-of-turn token of "
-            f"their own: the next role token ({tok.decode([user_opener], skip_special_tokens=False)!r}) ends them, as in "
-            f"GLM 4.5 and later; dqa needs an end-of-turn token to judge where a turn ends and does not read this chat format yet"
-        )
-    eot = between[0]
-    if eot not in added:
-        raise _unsupported(where, f"the token after an assistant turn ({tok.decode([eot], skip_special_tokens=False)!r}) is no special token")
-    post = between[1:]
-    if tail and tail[0] == eot:
-        post = post[: _common_prefix([post, tail[1:]])] if post and tail[1:] else ()
+    next_role = not between
+    if next_role:
+        if i is None or i != j:
+            raise _unsupported(where, "an assistant turn's text does not end on a token boundary before the next user turn")
+        if tail:
+            raise _unsupported(where, f"nothing ends an assistant turn before the next user turn, yet the conversation ends in "
+                                      f"{tok.decode(list(tail), skip_special_tokens=False)!r}")
+        eot, post = user_opener, ()
+    else:
+        eot = between[0]
+        if eot not in added:
+            raise _unsupported(where, f"the token after an assistant turn ({tok.decode([eot], skip_special_tokens=False)!r}) is no special token")
+        post = between[1:]
+        if tail and tail[0] == eot:
+            post = post[: _common_prefix([post, tail[1:]])] if post and tail[1:] else ()
 
     newline = _single(tok, "\n")
-    think_open, think_close = _single(tok, "<think>"), _single(tok, "</think>")
     drops = (_R1 not in history) if think_open is not None else None
-    tool_opener, keeps_after = _probe_tool_turn(tok, render, p0, user1, asst1, asst2, tuple(user_header), eot, tuple(post),
-                                                added, think_open is not None)
+    # GLM 4.5v, GLM-5.2: a history turn that lost its reasoning still renders an (empty) think block.
+    a1_tok = hist.index_at(history.index(_A1))
+    seg = hist.ids[at[2] + len(header): a1_tok] if drops and a1_tok is not None else []
+    empty_think_in_history = bool(drops) and think_open in seg and think_close in seg
+    tool_opener, keeps_after, tool_role = _probe_tool_turn(tok, render, p0, user1, asst1, asst2, tuple(user_header),
+                                                           None if next_role else eot, tuple(post), added, think_open is not None)
+    if next_role and tool_role is not None:
+        openers.append(tool_role)  # GLM's <|observation|>: it ends the assistant turn before it
     vocab = vocab if vocab is not None else tok.get_vocab(with_added_tokens=True)
     vocab_size = max(tok.get_vocab_size(with_added_tokens=True), max(vocab.values()) + 1)
     specials = {eot, think_open, think_close, *post}
@@ -428,42 +494,85 @@ def derive_chat_format(
         user_header=tuple(int(t) for t in user_header),
         tool_response_opener=tool_opener,
         keeps_reasoning_after_last_user=keeps_after,
+        ends_at_next_role=next_role,
+        empty_think_in_history=empty_think_in_history,
+        history_prefix=tuple(int(t) for t in seg) if "reasoning_content" in asst1 else (),
     )
 
 
-def _probe_tool_turn(tok, render, p0: str, user1: dict, asst1: dict, asst2: dict, user_header: tuple[int, ...], eot: int,
-                     post: tuple[int, ...], added: set[int], thinks: bool) -> tuple[tuple[int, ...] | None, bool | None]:
+def _check_other_settings(render, template: str, where: str, conv: list[dict], user1: dict, p0: str, history: str) -> None:
+    """Render the probes under each value of the other settings the template reads (``reasoning_effort``):
+    they may change the conversation's start (GLM-5.2's "Reasoning Effort" system line), not its turns.
+    Raises ``InputError`` naming the setting whose turns render differently."""
+    reads = template_variables(template)
+    base = history[len(p0):]
+    for name, values in _OTHER_SETTINGS.items():
+        if name not in reads:
+            continue
+        for value in values:
+            setting = {name: value}
+            start, grown = render([user1], setting=setting), render(conv, setting=setting)
+            if not grown.startswith(start):
+                raise _unsupported(where, f"the chat template renders a conversation's start differently once it grows ({_setting_text(setting)})")
+            if grown[len(start):] != base:
+                # The folder is the right one: the setting is the cause, not the tokenizer.
+                raise InputError(f"{where}: the chat template renders turns differently with {_setting_text(setting)} than without "
+                                 "it; dqa reads one chat format per set and cannot tell which setting made the data")
+
+
+def _think_tags(tok, history: str, added: set[int]) -> tuple[int | None, int | None]:
+    """The think tags the template wraps the last assistant turn's reasoning in (``<think>``/``</think>``,
+    MiniMax-M3's ``<mm:think>``/``</mm:think>``): the tags right before and right after the probe's
+    reasoning, when each is one token; else ``<think>``/``</think>`` when they are one token each."""
+    at = history.rfind(_R2)
+    if at >= 0:
+        before = _TAG.findall(history[:at].rstrip()[-64:])
+        after = _TAG.findall(history[at + len(_R2):].split(_A2)[0])
+        if before and after and history[:at].rstrip().endswith(before[-1]):
+            o, c = _single(tok, before[-1]), _single(tok, after[0])
+            if o is not None and c is not None and o in added and c in added and o != c:
+                return o, c
+    return _single(tok, "<think>"), _single(tok, "</think>")
+
+
+def _probe_tool_turn(tok, render, p0: str, user1: dict, asst1: dict, asst2: dict, user_header: tuple[int, ...], eot: int | None,
+                     post: tuple[int, ...], added: set[int], thinks: bool) -> tuple[tuple[int, ...] | None, bool | None, int | None]:
     """How the template renders a tool result after an assistant turn, from one probe render
     (user, assistant, tool, assistant): the tool-response opener (the ids between the assistant
     turn's end of turn, and what follows it, and the tool result's text, cut after their last
-    special token; ``()`` when they do not start with the user header: a role of its own) and whether
-    the first assistant turn, followed by no user message, keeps its reasoning. ``(None, None)``
-    when the template does not render the probe (no tool role) or its tokens do not line up."""
+    special token; ``()`` when they do not start with the user header: a role of its own), whether
+    the first assistant turn, followed by no user message, keeps its reasoning, and the tool role's
+    own opener (GLM's ``<|observation|>``; None when the tool result opens with the user header or
+    no special token). ``eot`` None: the next role token ends the turn (GLM), nothing to skip.
+    ``(None, None, None)`` when the template does not render the probe (no tool role) or its
+    tokens do not line up."""
     try:
         text = render([user1, asst1, {"role": "tool", "content": _T1}, asst2])
     except InputError:
-        return None, None
+        return None, None, None
     if not text.startswith(p0) or _T1 not in text or _A1 not in text:
-        return None, None
+        return None, None, None
     keeps = (_R1 in text) if thinks else None
     enc = _Encoded(tok, text)
     i, j = enc.index_at(text.index(_A1) + len(_A1)), enc.index_at(text.index(_T1))
     if i is None or j is None or j <= i:
-        return None, keeps
+        return None, keeps, None
     between = enc.ids[i:j]
-    if eot not in between:
-        return None, keeps
-    k = between.index(eot) + 1
-    for t in post:
-        if k < len(between) and between[k] == t:
-            k += 1
+    k = 0
+    if eot is not None:
+        if eot not in between:
+            return None, keeps, None
+        k = between.index(eot) + 1
+        for t in post:
+            if k < len(between) and between[k] == t:
+                k += 1
     opener = tuple(between[k:])
     if not user_header or opener[: len(user_header)] != user_header:
-        return (), keeps
+        return (), keeps, (opener[0] if opener and opener[0] in added else None)
     specials = [n for n in range(len(user_header), len(opener)) if opener[n] in added]
     if not specials:
-        return None, keeps  # a tool result reads like a user message: dqa cannot tell them apart
-    return opener[: specials[-1] + 1], keeps
+        return None, keeps, None  # a tool result reads like a user message: dqa cannot tell them apart
+    return opener[: specials[-1] + 1], keeps, None
 
 
 def _added_ids(tok) -> set[int]:

@@ -40,8 +40,35 @@ def special_tokens(config: dict) -> dict[str, str]:
 
 
 @lru_cache(maxsize=16)
+def _parse(template: str):
+    """``template`` parsed once (jinja2's AST), for compiling and for reading its variables."""
+    return _environment().parse(template)
+
+
+@lru_cache(maxsize=16)
 def _compile(template: str):
     """Compile ``template`` in jinja2's immutable sandbox with transformers' settings and helpers."""
+    return _environment().from_string(_parse(template))
+
+
+@lru_cache(maxsize=16)
+def template_variables(template: str) -> frozenset[str]:
+    """The names a chat template reads from its context (``enable_thinking``, ``thinking_mode``,
+    ``reasoning_effort`` ...), as jinja2's ``meta.find_undeclared_variables`` finds them.
+
+    Returns an empty set when the template does not parse (rendering it reports that)."""
+    import jinja2
+    from jinja2 import meta
+
+    try:
+        return frozenset(meta.find_undeclared_variables(_parse(template)))
+    except jinja2.TemplateError:
+        return frozenset()
+
+
+@lru_cache(maxsize=1)
+def _environment():
+    """jinja2's immutable sandbox with transformers' settings and helpers (one per process)."""
     import datetime
 
     import jinja2
@@ -71,7 +98,7 @@ def _compile(template: str):
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
-    return env.from_string(template)
+    return env
 
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")

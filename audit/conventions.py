@@ -114,9 +114,12 @@ def conventions_line(conventions: dict[str, Any]) -> str | None:
     post, after, eot = conventions.get("post_eot_trained"), fmt.get("after_end_of_turn") or "", fmt.get("end_of_turn") or ""
     if post is not None and after:
         parts.append(f"trains {after!r} after {eot}" if post else f"{after!r} after {eot} untrained")
+    if fmt.get("turn_end", "").startswith("the next role token"):  # GLM: no end-of-turn token of its own
+        parts.append("a turn ends at the next role token or the end of the text")
     think = conventions.get("header_includes_think")
     if think is not None:
-        parts.append("<think> in the untrained header" if think else "<think> trained")
+        tag = (fmt.get("think_tags") or ["<think>"])[0]  # the template's own (MiniMax-M3: <mm:think>)
+        parts.append(f"{tag} in the untrained header" if think else f"{tag} trained")
     turns = conventions.get("trained_turns")
     if turns is not None:
         what = {"all": "all assistant turns trained", "last": "last assistant turn only"}.get(turns, "some assistant turns trained")

@@ -17,7 +17,10 @@ sampled 8-grams.
 Everything about the chat template comes from the ``ChatFormat`` (``dqa.audit.chat_format``):
 its role tokens delimit turns, its assistant header is matched as a token sequence that
 starts with one of them, and a trained span may end in end of turn followed by the
-template's own tokens after it (ChatML's newline).
+template's own tokens after it (ChatML's newline). A format whose turns end at the next role
+token (GLM, ``ChatFormat.ends_at_next_role``) has no end-of-turn token: a turn's region runs to
+the next turn opener (not part of it) or the row's end, every turn counts as closed, and its
+trained span ends at the row's end or just before a role token.
 
 Per trained assistant turn (``batch_metrics_and_turns``) the same questions are answered on
 the turn's region (from its header to its end of turn and what the template puts after it,
@@ -99,7 +102,8 @@ class KernelTables:
         code[spec.boilerplate_lut()] = BOILER
         for opener in spec.turn_openers:
             code[opener] |= TURN_START
-        code[spec.eot] |= EOT
+        if not spec.ends_at_next_role:  # GLM: the next role token (a turn opener) ends the turn
+            code[spec.eot] |= EOT
         if spec.think_open is not None:
             code[spec.think_open] |= THINK_OPEN
         if spec.think_close is not None:
@@ -185,12 +189,16 @@ def _ends_at_eot(ids: np.ndarray, last: np.ndarray, lo: np.ndarray, hi: np.ndarr
     """Whether each supervised span, whose last supervised position is ``last`` (inside a row
     ``[lo, hi)``), ends at end of turn: on the end-of-turn token, just before it, or inside what
     the template renders after it (ChatML's "\n": SpecForge, TRL, LLaMA-Factory train it).
-    False where ``has`` is False."""
+    False where ``has`` is False. A format whose turns end at the next role token (GLM) ends a span
+    at the row's end, just before a turn opener, or on one (a trained role token)."""
     if ids.size == 0:
         return np.zeros(len(last), dtype=bool)
     top = ids.size - 1
     safe_last = np.clip(last, 0, top)
     nxt = np.minimum(safe_last + 1, top)
+    if spec.ends_at_next_role:
+        openers = np.asarray(spec.turn_openers, dtype=ids.dtype)
+        return has & ((safe_last + 1 >= hi) | np.isin(ids[nxt], openers) | np.isin(ids[safe_last], openers))
     out = has & ((ids[safe_last] == spec.eot) | ((safe_last + 1 < hi) & (ids[nxt] == spec.eot)))
     post = spec.post_eot or ()
     for m in range(1, len(post) + 1):  # the span ends m tokens after end of turn (a loop over 1-2 template tokens)
@@ -283,7 +291,7 @@ class _Batch:
         return cls(
             batch=batch, spec=spec, ids=ids, mask=mask, offs=offs, n=batch.num_rows, starts=starts, ends=ends,
             top=max(ids.size - 1, 0), cs_mask=cs_mask, supervised=cs_mask[ends] - cs_mask[starts],
-            pos_ts=pos_ts, pos_eot=special[kinds == EOT], pos_open=special[kinds == THINK_OPEN],
+            pos_ts=pos_ts, pos_eot=pos_ts if spec.ends_at_next_role else special[kinds == EOT], pos_open=special[kinds == THINK_OPEN],
             pos_close=special[kinds == THINK_CLOSE], boiler_pos=boiler_pos, sup_boiler_pos=boiler_pos[mask[boiler_pos] != 0],
             ts_row=ts_row, hpos=pos_ts[is_header], hrow=ts_row[is_header], hlen=len(spec.assistant_header),
         )
@@ -315,8 +323,12 @@ def _final_turn(b: _Batch) -> _FinalTurn:
     prompt_tokens = np.where(has_assistant, content_start - b.starts, b.ends - b.starts)
 
     eot_at, final_turn_closed = _first_at_or_after(b.pos_eot, content_start, b.ends)
-    final_turn_closed &= has_assistant
-    final_end = np.where(final_turn_closed, eot_at + 1, b.ends)
+    if b.spec.ends_at_next_role:  # GLM: the next role token (not part of the turn) or the end of the text ends it
+        final_end = eot_at
+        final_turn_closed = has_assistant.copy()
+    else:
+        final_turn_closed &= has_assistant
+        final_end = np.where(final_turn_closed, eot_at + 1, b.ends)
     open_at, think_present = _first_at_or_after(b.pos_open, content_start, final_end)
     think_present &= has_assistant
     close_at, think_closed = _first_at_or_after(b.pos_close, open_at + 1, final_end)
@@ -377,14 +389,16 @@ def _assistant_turns(b: _Batch) -> _Turns:
     region_start = b.hpos + b.hlen
     row_end = b.ends[hrow]
     e_at, e_found = _first_at_or_after(b.pos_eot, region_start, row_end)
-    region_end = np.where(e_found, e_at + 1, row_end)
+    next_role = spec.ends_at_next_role
+    region_end = e_at if next_role else np.where(e_found, e_at + 1, row_end)
     if ids.size:
         follows = e_found.copy()
         for tok in spec.post_eot or ():
             follows &= (region_end < row_end) & (ids[np.minimum(region_end, top)] == tok)
             region_end = region_end + follows
     nts, nts_found = _first_at_or_after(b.pos_ts, region_start, row_end)
-    turn_closed = e_found & ~(nts_found & (nts < e_at))
+    # GLM: every turn ends, at the next role token or the row's end; none has an end-of-turn token of its own.
+    turn_closed = np.ones(hrow.size, dtype=bool) if next_role else e_found & ~(nts_found & (nts < e_at))
     region_end = np.where(nts_found, np.minimum(region_end, nts), region_end)
     inside = cs_mask[region_end] - cs_mask[region_start]
     sup_inside = np.bincount(hrow, weights=inside, minlength=n).astype(np.int64)
@@ -396,7 +410,7 @@ def _assistant_turns(b: _Batch) -> _Turns:
     header_trained_tokens = np.bincount(hrow, weights=header_sup, minlength=n).astype(np.int64)
     trained_header_turns = np.bincount(hrow, weights=(inside > 0) & (header_sup > 0), minlength=n)
     # End of turn trained: per closed trained turn, its end-of-turn token (axolotl's train_on_eos: none leaves it out).
-    closed_trained = turn_closed & (inside > 0)
+    closed_trained = turn_closed & (inside > 0) & (not next_role)
     closed_turns = np.bincount(hrow, weights=closed_trained, minlength=n)
     eot_sup = closed_trained & (mask[np.minimum(e_at, top)] != 0) if ids.size else closed_trained
     eot_trained_turns = np.bincount(hrow, weights=eot_sup, minlength=n)
@@ -422,6 +436,9 @@ def _assistant_turns(b: _Batch) -> _Turns:
             is_user &= ~_matches(ids, b.pos_ts, b.ends[b.ts_row], spec.tool_response_opener)
         _, user_follows = _first_at_or_after(b.pos_ts[is_user], re_, b.ends[t_row])
         keeps = keeps | ~user_follows
+    if spec.empty_think_in_history:  # GLM-5.2: the empty think block of a history turn is the template's, not the data's
+        t_think = t_think & keeps
+        t_closed = t_closed & keeps
     starts = b.starts
     table = {
         "row": (t_row + b.batch.start_row).astype(np.int64),

@@ -14,7 +14,8 @@ added), and the mask is SpecForge's ``GeneralParser.parse``: the regex
 ``escape(header) + r"([\\s\\S]*?(?:" + escape(end) + "|$))"`` over the rendered text, where
 ``header`` is the format's thinking-on generation prompt (``<|im_start|>assistant\\n``; Qwen3.5/3.6:
 ``...<think>\\n``, as SpecForge's ``qwen3.5`` template) and ``end`` the end-of-turn token plus
-what the template renders after it (``<|im_end|>\\n``). Every match is trained, or only the last
+what the template renders after it (``<|im_end|>\\n``); a format whose turns end at the next role token
+(GLM) trains up to that token, untrained, or the end of the text. Every match is trained, or only the last
 (``last_turn_only``, SpecForge's ``train_only_last_turn``). Character spans become token spans
 with one ``searchsorted`` over the batch's token start offsets (a span starts at the first
 token starting at or after its first character), not per token.
@@ -123,8 +124,12 @@ class Renderer:
         self._roles: dict[str, bool] = {}
         self.tokenizer = fmt.tokenizer
         header = fmt.decode(list(fmt.generation_prompt))
-        end = fmt.decode([fmt.eot, *(fmt.post_eot or ())])
-        self.pattern = re.compile(re.escape(header) + r"([\s\S]*?(?:" + re.escape(end) + "|$))", re.DOTALL)
+        if fmt.ends_at_next_role:  # GLM: a turn runs up to the next role token (untrained) or the end of the text
+            openers = "|".join(re.escape(fmt.decode([t])) for t in fmt.turn_openers)
+            self.pattern = re.compile(re.escape(header) + r"([\s\S]*?)(?=" + openers + "|$)", re.DOTALL)
+        else:
+            end = fmt.decode([fmt.eot, *(fmt.post_eot or ())])
+            self.pattern = re.compile(re.escape(header) + r"([\s\S]*?(?:" + re.escape(end) + "|$))", re.DOTALL)
 
     # --- one conversation (Python per row: parsing and rendering text) ----------------------------
 

@@ -43,7 +43,7 @@ def scan(
         None, help="Parquet file or folder of shards, HF save_to_disk folder, Arrow IPC file, or JSONL.", show_default=False
     ),
     tokenizer: Optional[str] = typer.Option(
-        None, "--tokenizer", "-t", help="Local HF tokenizer folder (its chat template gives the format: ChatML, Llama 3, DeepSeek), or a preset: qwen3 (the default), qwen3.6."
+        None, "--tokenizer", "-t", help="Local HF tokenizer folder (its chat template gives the format: ChatML, Llama 3, DeepSeek, MiniMax, GLM), or a preset: qwen3 (the default), qwen3.6."
     ),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default: dqa-out/<dataset name>/)."),
     ids_column: Optional[str] = typer.Option(None, help="Token ids column (default: input_ids)."),

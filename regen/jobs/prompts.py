@@ -244,9 +244,13 @@ def history_form(output: np.ndarray, fmt) -> np.ndarray:
     .lstrip("\\n")``), the tokens through ``</think>`` and the newline tokens after it are cut;
     otherwise the turn keeps its thinking, with the generation prompt's think prefix
     (``<think>\\n`` for Qwen3.5/3.6) put back in front. The kept tokens are the server's own:
-    nothing is re-tokenized.
+    nothing is re-tokenized. A format whose turns end at the next role token (GLM) loses the role
+    token the server stopped on (the next turn's own opener follows in the row), and a turn that lost
+    its reasoning gets the template's ``history_prefix`` back (GLM-5.2's ``<think></think>``).
     """
     out = np.asarray(output, dtype=np.int32)
+    if fmt.ends_at_next_role and out.size and int(out[-1]) in fmt.turn_openers:
+        out = out[:-1]
     if fmt.drops_history_reasoning:
         if fmt.think_close is not None:
             close = np.flatnonzero(out == fmt.think_close)
@@ -256,6 +260,8 @@ def history_form(output: np.ndarray, fmt) -> np.ndarray:
         k = 0
         while k < out.size and int(out[k]) in nl:
             k += 1
+        if fmt.history_prefix:
+            return np.concatenate([np.asarray(fmt.history_prefix, dtype=np.int32), out[k:]])
         return out[k:]
     return np.concatenate([np.asarray(fmt.think_prefix, dtype=np.int32), out]) if fmt.think_prefix else out
 
@@ -328,9 +334,16 @@ class Conversation:
 
 def turn_ends(ids: np.ndarray, heads: np.ndarray, fmt) -> np.ndarray:
     """Per assistant header of one row: where its original turn ends (past end of turn and the
-    template's tokens after it, never past the next header or the row's end)."""
+    template's tokens after it, never past the next header or the row's end; GLM: at the next role
+    token, or the row's end)."""
     n = ids.size
     hlen = len(fmt.assistant_header)
+    if fmt.ends_at_next_role:
+        openers = np.flatnonzero(np.isin(ids, np.asarray(fmt.turn_openers, dtype=ids.dtype)))
+        if openers.size == 0:
+            return np.full(heads.size, n, dtype=np.int64)
+        k = np.searchsorted(openers, heads + hlen)
+        return np.where(k < openers.size, openers[np.minimum(k, openers.size - 1)], n).astype(np.int64)
     eots = np.flatnonzero(ids == fmt.eot)
     nxt = np.append(heads[1:], n)
     out = np.empty(heads.size, dtype=np.int64)

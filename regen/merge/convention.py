@@ -69,6 +69,8 @@ def rebuild_in_convention(values: np.ndarray, offsets: np.ndarray, fmt: Any, con
 
     values = np.asarray(values)
     offsets = np.asarray(offsets, dtype=np.int64)
+    if fmt.ends_at_next_role:
+        values, offsets = _drop_final_role_token(values, offsets, fmt)
     n = offsets.size - 1
     lens = offsets[1:] - offsets[:-1]
     post = np.asarray(fmt.post_eot or (), dtype=values.dtype if values.size else np.int64)
@@ -105,14 +107,21 @@ def rebuild_in_convention(values: np.ndarray, offsets: np.ndarray, fmt: Any, con
         for j, t in enumerate(conv.think_prefix):
             match &= values[np.minimum(start + j, max(total - 1, 0))] == t
         start = np.where(match, start + k, start)
-    eots = np.flatnonzero(values == fmt.eot)
+        if fmt.empty_think_in_history and fmt.think_close is not None:
+            # SpecForge's GLM rule: "<|assistant|><think>" then an optional "</think>" stay untrained
+            # (a history turn's empty think block, the template's own).
+            start = np.where(match & (start < nxt) & (values[np.minimum(start, max(total - 1, 0))] == fmt.think_close), start + 1, start)
+    if fmt.ends_at_next_role:  # GLM: a turn ends at the next role token (untrained) or the row's end
+        eots = np.flatnonzero(np.isin(values, np.asarray(fmt.turn_openers, dtype=values.dtype)))
+    else:
+        eots = np.flatnonzero(values == fmt.eot)
     e = np.searchsorted(eots, start)
     found = e < eots.size
     e_at = eots[np.minimum(e, max(eots.size - 1, 0))] if eots.size else start
     found &= e_at < nxt
     if conv.header_trained:
         start = hpos
-    end = np.where(found, e_at + (1 if conv.eot_trained else 0), nxt)
+    end = np.where(found, e_at + (1 if conv.eot_trained and not fmt.ends_at_next_role else 0), nxt)
     if conv.post_eot and conv.eot_trained and post.size:
         follows = found.copy()
         for t in post:
@@ -125,6 +134,24 @@ def rebuild_in_convention(values: np.ndarray, offsets: np.ndarray, fmt: Any, con
     mask[np.cumsum(edges[:-1]) > 0] = 1
     return values, offsets, mask
 
+
+
+def _drop_final_role_token(values: np.ndarray, offsets: np.ndarray, fmt: Any) -> tuple[np.ndarray, np.ndarray]:
+    """GLM: the role token a regenerated final turn stopped on (``<|user|>``) is no part of the turn, and
+    the input's rows end with the turn's text: drop it from each row that ends in one (vectorized)."""
+    n = offsets.size - 1
+    if n == 0 or values.size == 0:
+        return values, offsets
+    lens = offsets[1:] - offsets[:-1]
+    last = values[np.maximum(offsets[1:] - 1, 0)]
+    drop = (lens > 0) & np.isin(last, np.asarray(fmt.turn_openers, dtype=values.dtype))
+    if not drop.any():
+        return values, offsets
+    keep = np.ones(values.size, dtype=bool)
+    keep[offsets[1:][drop] - 1] = False
+    new_off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lens - drop, out=new_off[1:])
+    return values[keep], new_off
 
 
 def run_convention(regen: list[Path], ds: Any) -> tuple[Any, Convention | None]:

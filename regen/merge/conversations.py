@@ -76,9 +76,10 @@ def _check_kept_prompt(renderer: Any, obj: Any, kept: np.ndarray, f: Path, line:
 def split_reply(output: np.ndarray, fmt: Any) -> tuple[str, str | None]:
     """A regenerated turn's output as ``(content, reasoning_content)`` text, the way SpecForge's
     regenerated data stores a turn: the think block's text as reasoning (None when there is none),
-    the rest, after ``</think>`` and its newlines, as content; end of turn dropped."""
+    the rest, after ``</think>`` and its newlines, as content; end of turn dropped (GLM: the role token
+    the reply stopped on)."""
     ids = [int(t) for t in output]
-    if ids and ids[-1] == fmt.eot:
+    if ids and (ids[-1] == fmt.eot or (fmt.ends_at_next_role and ids[-1] in fmt.turn_openers)):
         ids = ids[:-1]
     ids = [*fmt.think_prefix, *ids] if fmt.think_prefix and (not ids or ids[0] != fmt.think_open) else ids
     if fmt.think_close is not None and fmt.think_close in ids:

@@ -327,10 +327,14 @@ class OpenAI(ServerKind):
     def make_protocol(self, sampling, spec, model: str) -> Protocol:
         """``POST /v1/chat/completions``: prompts are decoded with ``tokenizers``; transformers
         (seconds to import and load) is loaded only when the first reply is rendered with the chat
-        template. Raises ``InputError`` when the tokenizer has no chat template."""
+        template. Raises ``InputError`` when the tokenizer has no chat template, or its turns have
+        no end-of-turn token to decode prompts into messages by (GLM)."""
         from dqa.errors import InputError
         from dqa.regen.jobs.prompts import ChatTokenizer
 
+        if getattr(spec, "ends_at_next_role", False):
+            raise InputError(f"{spec.tokenizer_dir}: its turns end at the next role token (GLM), which --protocol {self.protocol} "
+                             "cannot decode into messages yet; use --protocol sglang (token ids)")
         tok = ChatTokenizer(spec.tokenizer_dir, lambda: spec.tokenizer)
         if not tok.chat_template:
             raise InputError(f"{spec.tokenizer_dir}: tokenizer has no chat template; --protocol {self.protocol} needs one")

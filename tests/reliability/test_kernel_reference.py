@@ -59,6 +59,17 @@ DS_SPEC = ChatFormat(name="deepseek-like", turn_start=DS_ASSISTANT, eot=DS_EOS, 
                      keeps_reasoning_after_last_user=True)
 DS_TABLES = KernelTables.build(DS_SPEC)
 
+# A GLM-shaped format inside Qwen3's vocabulary: <|assistant|>, <|user|>, <|system|> and <|observation|> open turns,
+# the header is <|assistant|> alone, and no token ends a turn: the next role token does, or the end of the row.
+# History reasoning dropped, leaving an empty think block (GLM-5.2).
+GLM_ASSISTANT, GLM_USER, GLM_SYSTEM, GLM_OBS = 151646, 151647, 151648, 151649
+GLM_SPEC = ChatFormat(name="glm-like", turn_start=GLM_ASSISTANT, eot=GLM_USER, assistant_header=(GLM_ASSISTANT,),
+                      think_open=THINK, think_close=END_THINK, boilerplate=frozenset({EOS, THINK, END_THINK, NL, NL2, SPACE}),
+                      vocab_size=151669, newline=NL, turn_openers=(GLM_ASSISTANT, GLM_USER, GLM_SYSTEM, GLM_OBS), post_eot=(),
+                      drops_history_reasoning=True, user_header=(GLM_USER,), tool_response_opener=(),
+                      keeps_reasoning_after_last_user=True, ends_at_next_role=True, empty_think_in_history=True)
+GLM_TABLES = KernelTables.build(GLM_SPEC)
+
 
 # ------------------------------------------------------------------------- the reference
 
@@ -73,6 +84,7 @@ def reference_row(t: list[int], sup: list[int], convention: str, spec: ChatForma
     hdr = list(spec.assistant_header)
     h = len(hdr)
     eot, post, openers = spec.eot, list(spec.post_eot), set(spec.turn_openers)
+    next_role = spec.ends_at_next_role  # GLM: the next role token (not part of the turn) or the row's end ends a turn
     n_mask = len(sup)
     mismatch = 0
     if n_mask != L:
@@ -96,6 +108,10 @@ def reference_row(t: list[int], sup: list[int], convention: str, spec: ChatForma
         eots = [i for i in range(cstart, L) if t[i] == eot]
         final_closed = bool(eots)
         fend = eots[0] + 1 if eots else L
+        if next_role:
+            eots = []
+            final_closed = True
+            fend = next((i for i in range(cstart, L) if t[i] in openers), L)
         opens = [i for i in range(cstart, fend) if t[i] == spec.think_open]
         think_present = bool(opens)
         if think_present:
@@ -117,11 +133,7 @@ def reference_row(t: list[int], sup: list[int], convention: str, spec: ChatForma
     sup_pos = [i for i in range(L) if m[i]]
     last_eot = False
     if sup_pos:
-        j = sup_pos[-1]
-        last_eot = t[j] == eot or (j + 1 < L and t[j + 1] == eot)
-        for k in range(1, len(post) + 1):  # the span ends k tokens into what the template puts after end of turn
-            if j - k >= 0 and t[j - k] == eot and t[j - k + 1:j + 1] == post[:k]:
-                last_eot = True
+        last_eot = ends_at_eot(t, sup_pos[-1], spec)
 
     # Supervised tokens inside assistant turns: header end .. end of turn (+ what follows it), cut at the next turn opener.
     inside = 0
@@ -133,7 +145,7 @@ def reference_row(t: list[int], sup: list[int], convention: str, spec: ChatForma
                   and not (tool_hdr and t[i:i + len(tool_hdr)] == tool_hdr)]
     for k, hp in enumerate(headers):
         a = hp + h
-        e = next((i for i in range(a, L) if t[i] == eot), None)
+        e = None if next_role else next((i for i in range(a, L) if t[i] == eot), None)
         b = L if e is None else e + 1
         if e is not None:
             for tok in post:
@@ -147,11 +159,11 @@ def reference_row(t: list[int], sup: list[int], convention: str, spec: ChatForma
         inside += sum(m[a:b])
         trained_turns += sum(m[a:b]) > 0
         header_tokens += sum(m[hp:a])
-        closed = e is not None and (nxt is None or e < nxt)
+        closed = next_role or (e is not None and (nxt is None or e < nxt))
         if sum(m[a:b]):
             header_turns += sum(m[hp:a]) > 0
-            closed_turns += closed
-            eot_turns += closed and m[e] == 1
+            closed_turns += closed and not next_role  # GLM: no end-of-turn token to be trained
+            eot_turns += closed and not next_role and m[e] == 1
             user_after = any(b <= u for u in real_users)
             turns.append(reference_turn(t, m, spec, k, len(headers), hp, a, b, closed=closed, user_after=user_after))
 
@@ -190,6 +202,8 @@ def reference_row(t: list[int], sup: list[int], convention: str, spec: ChatForma
 def ends_at_eot(t: list[int], j: int, spec: ChatFormat) -> bool:
     """The supervised span whose last position is ``j`` ends at end of turn (FORMATS.md, ``truncated``)."""
     eot, post, L = spec.eot, list(spec.post_eot), len(t)
+    if spec.ends_at_next_role:  # at the row's end, just before a role token, or on one
+        return j + 1 >= L or t[j + 1] in spec.turn_openers or t[j] in spec.turn_openers
     if t[j] == eot or (j + 1 < L and t[j + 1] == eot):
         return True
     return any(j - k >= 0 and t[j - k] == eot and t[j - k + 1:j + 1] == post[:k] for k in range(1, len(post) + 1))
@@ -210,6 +224,10 @@ def reference_turn(t: list[int], m: list[int], spec: ChatFormat, k: int, n_heade
         thinking = sum(1 for i in range(opens[0] + 1, stop) if t[i] not in boiler)
     last = max(i for i in range(a, b) if m[i])
     seq = [t[i] for i in range(a, b) if m[i]]
+    keeps = (k == n_headers - 1 or spec.drops_history_reasoning is False
+             or bool(spec.keeps_reasoning_after_last_user and spec.user_header and not user_after))
+    if spec.empty_think_in_history and not keeps:  # the template's empty think block of a history turn
+        present, think_closed, thinking = False, False, 0
     return {
         "turn": k,
         "supervised_tokens": sum(m[a:b]),
@@ -220,8 +238,7 @@ def reference_turn(t: list[int], m: list[int], spec: ChatFormat, k: int, n_heade
         "turn_closed": closed,
         "last_supervised_eot": ends_at_eot(t, last, spec),
         "final_turn": k == n_headers - 1,
-        "keeps_reasoning": k == n_headers - 1 or spec.drops_history_reasoning is False
-        or bool(spec.keeps_reasoning_after_last_user and spec.user_header and not user_after),
+        "keeps_reasoning": keeps,
         "span_start": a,
         "span_end": b,
         "ngram_repeat_share": reference_repeat_share(seq),  # the turn's own 8-grams
@@ -288,6 +305,10 @@ def reference_loop_tokens(seq: list[int], lo: int, hi: int) -> int:
 
 def turn(draw, role: int, style: str = "chatml") -> list[int]:
     body = draw(st.lists(st.sampled_from(WORDS + [SPACE, NL, NL2]), max_size=6))
+    if style == "glm":  # <|system|>text, <|user|>text, sometimes a tool result: <|observation|>text
+        if role == USER and draw(st.integers(0, 3)) == 0:
+            return [GLM_OBS, *body]
+        return [GLM_SYSTEM if role == SYSTEM else GLM_USER, *body]
     if style == "deepseek":  # <｜User｜>text (a system prompt is bare text: no opener)
         return [DS_USER, *body] if role == USER else body
     if role == USER and draw(st.integers(0, 3)) == 0:  # a tool result, which Qwen3 renders as a user turn
@@ -296,8 +317,8 @@ def turn(draw, role: int, style: str = "chatml") -> list[int]:
 
 
 def assistant_turn(draw, style: str = "chatml") -> list[int]:
-    out = [IM_START, ASSISTANT, NL] if style == "chatml" else [DS_ASSISTANT]
-    eot = IM_END if style == "chatml" else DS_EOS
+    out = {"chatml": [IM_START, ASSISTANT, NL], "deepseek": [DS_ASSISTANT], "glm": [GLM_ASSISTANT]}[style]
+    eot = {"chatml": IM_END, "deepseek": DS_EOS, "glm": None}[style]
     if draw(st.booleans()):
         out.append(THINK)
         think = draw(st.lists(st.sampled_from(WORDS + [NL, NL2, SPACE]), max_size=8))
@@ -311,7 +332,7 @@ def assistant_turn(draw, style: str = "chatml") -> list[int]:
     if draw(st.integers(0, 3)) == 0:
         answer = [3925, 13]  # the canned "OK."
     out += answer
-    if draw(st.integers(0, 4)):
+    if eot is not None and draw(st.integers(0, 4)):
         out.append(eot)
         if draw(st.booleans()):
             out.append(NL)
@@ -334,7 +355,8 @@ def chat_row(draw, style: str = "chatml"):
         spans.append((len(t) + hlen + skip, len(t) + len(a)))
         t += a
     if draw(st.integers(0, 5)) == 0:  # noise: stray template tokens anywhere
-        stray = [IM_START, IM_END, ASSISTANT, USER, TOOL_RESPONSE] if style == "chatml" else [DS_USER, DS_ASSISTANT, DS_EOS]
+        stray = {"chatml": [IM_START, IM_END, ASSISTANT, USER, TOOL_RESPONSE], "deepseek": [DS_USER, DS_ASSISTANT, DS_EOS],
+                 "glm": [GLM_USER, GLM_ASSISTANT, GLM_OBS, GLM_SYSTEM]}[style]
         noise = draw(st.lists(st.sampled_from([*stray, THINK, END_THINK, NL, EOS, 1000]), max_size=6))
         at = draw(st.integers(0, len(t)))
         t = t[:at] + noise + t[at:]
@@ -473,6 +495,21 @@ def test_a_format_with_two_role_openers_and_nothing_after_end_of_turn_equals_the
         got, _ = kernel_metrics(path, case["batch_rows"], case["max_tokens"], DS_TABLES)
         whole, _ = kernel_metrics(path, 4096, 10**9, DS_TABLES)
     check_against_reference(case, got, DS_SPEC)
+    for col in got:
+        assert np.array_equal(got[col], whole[col]), col
+
+
+@settings(max_examples=max(EXAMPLES // 3, 50), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(datasets("glm"))
+def test_a_format_whose_turns_end_at_the_next_role_token_equals_the_reference(case):
+    """GLM-style turns: no end-of-turn token; four role tokens open (and so end) a turn, the last turn runs to the row's
+    end; a history turn's empty think block is the template's."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "set.parquet"
+        write(case, path)
+        got, _ = kernel_metrics(path, case["batch_rows"], case["max_tokens"], GLM_TABLES)
+        whole, _ = kernel_metrics(path, 4096, 10**9, GLM_TABLES)
+    check_against_reference(case, got, GLM_SPEC)
     for col in got:
         assert np.array_equal(got[col], whole[col]), col
 

