@@ -183,7 +183,7 @@ def resolve_servers(d: DispatchSpec) -> Servers:
     from dqa.regen.fleet.file import read_fleet
 
     fleet = read_fleet(d.fleet) if d.fleet else None
-    urls = fleet.urls if fleet else list(d.endpoints)
+    urls = fleet.send_urls if fleet else list(d.endpoints)  # a fleet with a router: the router
     for u in urls:
         if not u.startswith(("http://", "https://")):
             raise UsageError(f"endpoint {u!r}: expected an http:// or https:// URL")

@@ -11,8 +11,8 @@ import typer
 
 from dqa.commands.common import console, handles_errors, help_text, stderr_is_tty
 from dqa.regen.config import (DEFAULT_BIND_HOST, DEFAULT_CONTEXT_LENGTH, DEFAULT_ENGINE, DEFAULT_GPUS, DEFAULT_MAMBA_EXTRA_BUFFER,
-                              DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PORT_BASE, DEFAULT_REASONING_PARSER, DEFAULT_STATUS_TIMEOUT,
-                              DEFAULT_UP_TIMEOUT)
+                              DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PORT_BASE, DEFAULT_REASONING_PARSER, DEFAULT_ROUTER_POLICY,
+                              DEFAULT_ROUTER_PORT, DEFAULT_ROUTER_TIMEOUT, DEFAULT_STATUS_TIMEOUT, DEFAULT_UP_TIMEOUT)
 from dqa.regen.fleet.file import DEFAULT_FLEET_FILE as DEFAULT_FLEET
 
 fleet_app = typer.Typer(
@@ -73,6 +73,12 @@ def up(
     keep_on_failure: bool = typer.Option(False, "--keep-on-failure", help="Leave the other servers running when one fails to start."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the exact commands (a bash script) and start nothing. The model folder need not be on this machine (a note says what was assumed without it)."),
     force: bool = typer.Option(False, "--force", help="Overwrite a --fleet file that cannot be read as a fleet file (by default dqa refuses)."),
+    router: bool = typer.Option(
+        False, "--router", help="Start sglang-router (pip install sglang-router==0.3.2) in front of the servers once they are healthy: Prometheus port on, --tokenizer-path the model folder, the regen circuit-breaker settings. Its URL goes in the fleet file; `dqa regen --fleet` sends to it."
+    ),
+    router_policy: str = typer.Option(DEFAULT_ROUTER_POLICY, "--router-policy", help="With --router: cache_aware, round_robin, power_of_two or random."),
+    router_port: int = typer.Option(DEFAULT_ROUTER_PORT, "--router-port", help="With --router: its port (0: a free one). Its metrics port is always a free one."),
+    router_timeout: float = typer.Option(DEFAULT_ROUTER_TIMEOUT, "--router-timeout", help="With --router: seconds for it to see a healthy worker."),
     json_out: bool = typer.Option(False, "--json", help="Print the fleet file on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success (errors still go to stderr)."),
     extra: Optional[List[str]] = typer.Argument(
@@ -91,6 +97,8 @@ def up(
       dqa fleet up --model /models/Qwen3.6-27B --gpus 0-6 --stage /dev/shm --mtp --dry-run
 
       dqa fleet up --model ./tiny --gpus 0-1 --engine transformers --port-base 18000 --env OMP_NUM_THREADS=1
+
+      dqa fleet up --model /dev/shm/Qwen3.6-27B --gpus 0-6 --router    # sglang-router in front, cache_aware
     """
     import json
 
@@ -122,6 +130,10 @@ def up(
         keep_on_failure=keep_on_failure,
         force=force,
         extra=tuple(extra or ()),
+        router=router,
+        router_policy=router_policy,
+        router_port=router_port,
+        router_timeout=router_timeout,
     )
     if dry_run:
         prepared = prepare_launch(spec, dry_run=True)
@@ -198,8 +210,10 @@ def status(
     accept length, request and token totals, and the sums over the fleet.
 
     Figures come from SGLang's /metrics (--enable-metrics), else the latest "Decode batch" line
-    of the server's log; transformers serve has neither (up/down only).
-    Exit code: 0 when every endpoint is up, 3 when any is down; with --watch, as of the last
+    of the server's log; transformers serve has neither (up/down only). A fleet started with
+    --router also shows the router: up/ready, and from its Prometheus port each worker's health
+    and circuit state, its retries and its upstream replies by status code.
+    Exit code: 0 when every endpoint (and the router) is up, 3 when any is down; with --watch, as of the last
     refresh before Ctrl-C.
 
     Example: dqa fleet status --fleet fleet.json --watch
@@ -209,19 +223,30 @@ def status(
 
     from dqa.errors import EXIT_RUNTIME, UsageError
     from dqa.regen.fleet import file as ff
+    from dqa.regen.fleet import router as fr
     from dqa.regen.fleet import status as fs
-    from dqa.reports.fleet_table import status_table
+    from dqa.reports.fleet_table import router_lines, status_table
 
     if quiet and watch:
         raise UsageError("--quiet prints nothing, so --watch would show nothing; drop one")
     rec = ff.read_fleet(fleet)
 
+    router_st = None
+
     def snapshot():
+        nonlocal router_st
         statuses = fs.fleet_status(rec, timeout=timeout)
+        router_st = fr.fleet_router_status(rec, timeout)
         return statuses, fs.totals(statuses)
 
     def as_json(statuses, totals):
-        return json.dumps({"fleet": str(fleet), "engine": rec.engine, "model": rec.model, "endpoints": [s.to_dict() for s in statuses], "total": totals})
+        out = {"fleet": str(fleet), "engine": rec.engine, "model": rec.model, "endpoints": [s.to_dict() for s in statuses], "total": totals}
+        if router_st is not None:
+            out["router"] = router_st.to_dict()
+        return json.dumps(out)
+
+    def extra_lines():
+        return router_lines(router_st) if router_st is not None else []
 
     out = console(stderr=False)
     if not out.is_terminal:
@@ -236,6 +261,8 @@ def status(
                     else:
                         table, notes = status_table(rec, statuses, totals)
                         out.print(table)
+                        for line in extra_lines():
+                            out.print(line)
                     time.sleep(interval)
                     statuses, totals = snapshot()
             else:
@@ -244,7 +271,7 @@ def status(
 
                 def render(statuses, totals):
                     table, notes = status_table(rec, statuses, totals)
-                    return Group(table, *notes, f"refreshed {totals['checked_at']} every {interval:g} s; Ctrl-C to stop")
+                    return Group(table, *notes, *extra_lines(), f"refreshed {totals['checked_at']} every {interval:g} s; Ctrl-C to stop")
 
                 with Live(render(statuses, totals), console=out, auto_refresh=False) as live:
                     while True:
@@ -260,7 +287,9 @@ def status(
         out.print(table)
         for n in notes:
             out.print(n)
-    if totals["up"] < totals["endpoints"]:
+        for line in extra_lines():
+            out.print(line, highlight=False)
+    if totals["up"] < totals["endpoints"] or (router_st is not None and not router_st.up):
         raise typer.Exit(EXIT_RUNTIME)
 
 
@@ -290,14 +319,21 @@ def down(
     from dqa.regen.fleet import launch as fl
 
     rec = ff.read_fleet(fleet)
+    router = None  # the router goes first, so it never sees its workers vanish under live traffic
+    if rec.router is not None:
+        router = {"url": rec.router.url, "pid": rec.router.pid, "outcome": fl.stop_endpoint(rec.router, grace=grace)}
     outcomes = fl.stop_endpoints(rec.endpoints, grace=grace)
     rows = [{"gpu": e.gpu, "url": e.url, "pid": e.pid, "outcome": o} for e, o in zip(rec.endpoints, outcomes)]
     if json_out:
-        typer.echo(json.dumps({"fleet": str(fleet), "endpoints": rows}))
+        typer.echo(json.dumps({"fleet": str(fleet), "endpoints": rows, **({"router": router} if router else {})}))
     elif not quiet:
+        if router:
+            typer.echo(f"router: {router['url']} pid {router['pid']}: {router['outcome']}")
         for r in rows:
             typer.echo(f"GPU {r['gpu']}: {r['url']} pid {r['pid']}: {r['outcome']}")
     left = [r for r in rows if not fl.stopped(r["outcome"])]
+    if router and not fl.stopped(router["outcome"]):
+        left.insert(0, {"gpu": "router", "pid": router["pid"], "outcome": router["outcome"]})
     if left:
         raise RuntimeFailure(f"{len(left)} server(s) not stopped: GPU {left[0]['gpu']} pid {left[0]['pid']}: {left[0]['outcome']}")
 

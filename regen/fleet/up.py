@@ -33,6 +33,7 @@ from typing import Any, Callable, ContextManager
 from dqa.errors import InputError, RuntimeFailure, UsageError
 from dqa.regen.fleet import file as ff
 from dqa.regen.fleet import launch as fl
+from dqa.regen.fleet import router as fr
 from dqa.regen.fleet.logs import log_tail
 from dqa.regen.fleet.spec import FleetSpec
 from dqa.regen.fleet.stage import stage_model
@@ -154,6 +155,8 @@ def prepare_launch(spec: FleetSpec, dry_run: bool = False) -> PreparedLaunch:
     options = kind.prepare(launch, model_path if local else None, notes)
     launch = dataclasses.replace(launch, engine_options=options)
     commands = fl.build_commands(launch)
+    if spec.router and dry_run:
+        notes.append("--router: the router starts once the servers are healthy, on free ports; `dqa fleet up --router` starts it (not this script)")
     return PreparedLaunch(spec=spec, launch=launch, commands=commands, stage=stage_pair, notes=notes)
 
 
@@ -169,7 +172,7 @@ def _refuse_to_overwrite(fleet: Path, force: bool) -> None:
         if not force:
             raise InputError(f"{exc}; refusing to overwrite it (pass --force, or another --fleet)") from None
         old = None
-    if old is not None and any(fl.endpoint_alive(e) for e in old.endpoints):
+    if old is not None and any(fl.endpoint_alive(e) for e in old.endpoints + ([old.router] if old.router else [])):
         raise UsageError(f"{fleet} records a fleet that is still running; `dqa fleet down --fleet {fleet}` first or pass another --fleet")
 
 
@@ -206,6 +209,9 @@ def launch_fleet(spec: FleetSpec, events: LaunchEvents | None = None) -> LaunchR
     prepared = prepare_launch(spec)
     fleet = prepared.fleet_path
     _refuse_to_overwrite(fleet, spec.force)
+    if spec.router:  # refused before anything starts
+        tokenizer = str(prepared.stage[0]) if prepared.stage is not None else prepared.launch.model
+        fr.check_router(spec.router_policy, tokenizer)
 
     if prepared.stage is not None:
         src = prepared.stage[0]
@@ -232,6 +238,8 @@ def launch_fleet(spec: FleetSpec, events: LaunchEvents | None = None) -> LaunchR
             ff.write_fleet(fleet, record)
             with events.waiting(len(servers), spec.engine) as on_progress:
                 fl.wait_healthy(servers, spec.engine, spec.timeout, on_progress=on_progress)
+            if spec.router:
+                _start_router(prepared, record, fleet)
     except BaseException as exc:
         if isinstance(exc, fl.ServerFailed):
             events.server_failed(exc.gpu, exc.log, log_tail(exc.log))
@@ -251,3 +259,22 @@ def launch_fleet(spec: FleetSpec, events: LaunchEvents | None = None) -> LaunchR
             raise RuntimeFailure(what) from None
         raise
     return LaunchResult(fleet_path=fleet, record=record, elapsed_s=time.monotonic() - t0)
+
+
+def _start_router(prepared: PreparedLaunch, record: ff.Fleet, fleet: Path):
+    """Start sglang-router in front of ``record``'s servers (healthy by now), record it in the
+    fleet file before waiting (so `fleet down` can stop it), and wait until it sees a healthy
+    worker; on a failure (or Ctrl-C) the router is stopped again before the error goes on. Returns
+    its process. Raises ``RuntimeFailure`` when it exits or is not ready in time."""
+    spec, launch = prepared.spec, prepared.launch
+    url_host = fl.advertised_host(spec.host, spec.advertise_host)
+    cmd = fr.router_command(record.urls, launch.model, Path(launch.log_dir), spec.host, url_host,
+                            policy=spec.router_policy, port=spec.router_port)  # fmt: skip
+    proc, record.router = fr.start_router(cmd)
+    try:
+        ff.write_fleet(fleet, record)
+        fr.wait_ready(proc, record.router, spec.router_timeout)
+    except BaseException:
+        fl.stop_endpoint(record.router, grace=5.0)
+        raise
+    return proc

@@ -1,0 +1,96 @@
+"""`dqa fleet up --router`, end to end with real processes: two SGLang stand-ins
+(tests/servers/sglang_contract.py through the exact `python -m sglang.launch_server ...` argument
+list dqa builds) and the real SGLang router (sglang-router 0.3.2, a Rust binary) in front of them.
+The fleet file records the router; `dqa regen --fleet` sends every row through it exactly once;
+`dqa fleet status` shows the router and what its Prometheus port says about each worker;
+`dqa fleet down` stops the router and the servers, leaving no process behind.
+
+Skipped, with the reason, when the sglang-router package is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+from fleet_helpers import dqa, fake_sglang_python, fleet_up, process_gone, read_json, write_failing_set
+from regen_helpers import read_shards
+from router_helpers import ROUTER_MISSING
+
+pytestmark = pytest.mark.skipif(ROUTER_MISSING is not None, reason=ROUTER_MISSING or "")
+
+
+def _flag(cmd: list[str], name: str) -> str:
+    return cmd[cmd.index(name) + 1]
+
+
+def test_fleet_up_router_regen_goes_through_it_once_status_reads_its_metrics_down_stops_all(tmp_path):
+    import psutil
+
+    from dqa.tokenizer_files import qwen3_tokenizer_dir
+
+    model = str(qwen3_tokenizer_dir())  # a local model folder with the tokenizer the router is given
+    py = fake_sglang_python(tmp_path)
+    fleet = tmp_path / "fleet.json"
+    r, base = fleet_up(
+        "fleet", "up", "--model", model, "--gpus", "0-1", "--python", py, "--fleet", fleet, "--timeout", "60",
+        "--router", "--", "--startup-delay-s", "0.5", ports=2, cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "router: http://127.0.0.1:" in r.stdout
+    rec = read_json(fleet)
+    eps, router = rec["endpoints"], rec["router"]
+    workers = [e["url"] for e in eps]
+    pids = [e["pid"] for e in eps] + [router["pid"]]
+    try:
+        cmd = router["cmd"]
+        assert cmd[1:3] == ["-m", "sglang_router.launch_router"]
+        assert cmd[cmd.index("--worker-urls") + 1 : cmd.index("--worker-urls") + 3] == workers
+        assert _flag(cmd, "--policy") == "cache_aware" and _flag(cmd, "--tokenizer-path") == model
+        assert _flag(cmd, "--request-timeout-secs") == "7200" and _flag(cmd, "--cb-timeout-duration-secs") == "10"
+        assert router["url"] == f"http://127.0.0.1:{_flag(cmd, '--port')}" and router["url"] not in workers
+        assert router["metrics_url"] == f"http://127.0.0.1:{_flag(cmd, '--prometheus-port')}"
+        assert router["log"] == str(tmp_path / "fleet-logs" / "router.log")
+        assert psutil.Process(router["pid"]).is_running()
+
+        data, scan = write_failing_set(tmp_path, n=6)
+        out = tmp_path / "regen"
+        g = dqa("regen", data, "--fleet", fleet, "--findings", scan, "--out", out, "--max-new-tokens", "16", "--json",
+                cwd=tmp_path, timeout=240)  # fmt: skip
+        assert g.returncode == 0, g.stderr
+        progress = json.loads(g.stdout)
+        assert progress["done"] == 6 and list(progress["endpoints"]) == [router["url"]]  # the router, not the workers
+        shards = read_shards(out)
+        assert Counter(shards.column("id").to_pylist()) == {f"s{i}": 1 for i in range(6)}
+        assert set(shards.column("endpoint").to_pylist()) == {router["url"]} and set(shards.column("attempts").to_pylist()) == {1}
+
+        s = dqa("fleet", "status", "--fleet", fleet, "--json", cwd=tmp_path)
+        assert s.returncode == 0, s.stderr
+        st = json.loads(s.stdout)
+        rs = st["router"]
+        assert (rs["url"], rs["up"], rs["ready"], rs["process"], rs["source"]) == (router["url"], True, True, "running", "metrics")
+        assert [(w["url"], w["healthy"], w["circuit"]) for w in rs["workers"]] == [(u, True, "closed") for u in sorted(workers)]
+        assert rs["retries_total"] == 0 and rs["responses"].get("200") == 6 and set(rs["responses"]) == {"200"}
+        # Each row reached one worker exactly once: the workers' own request counters sum to 6.
+        assert st["total"]["requests_total"] == 6 and st["total"]["up"] == 2
+        table = dqa("fleet", "status", "--fleet", fleet, cwd=tmp_path, env={"COLUMNS": "200"})
+        assert table.returncode == 0 and f"router {router['url']}: up, ready" in table.stdout
+        assert f"worker {workers[0]}: healthy, circuit closed" in table.stdout
+    finally:
+        d = dqa("fleet", "down", "--fleet", fleet, "--json", "--grace", "20", cwd=tmp_path, timeout=120)
+    assert d.returncode == 0, d.stderr
+    down = json.loads(d.stdout)
+    assert down["router"]["outcome"] in ("stopped", "killed")
+    assert {e["outcome"] for e in down["endpoints"]} <= {"stopped", "killed"}
+    assert all(process_gone(pid) for pid in pids)
+    s = dqa("fleet", "status", "--fleet", fleet, "--json", cwd=tmp_path)
+    assert s.returncode == 3 and json.loads(s.stdout)["router"]["up"] is False
+
+
+def test_fleet_up_router_refuses_a_model_that_is_not_a_local_folder_before_starting_anything(tmp_path):
+    py = fake_sglang_python(tmp_path)
+    r = dqa("fleet", "up", "--model", "Qwen/Qwen3-8B", "--gpus", "0", "--python", py, "--fleet", tmp_path / "f.json",
+            "--router", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 2 and "--router needs the model as a local folder" in r.stderr
+    assert not (tmp_path / "f.json").exists() and not (tmp_path / "fleet-logs").exists()
