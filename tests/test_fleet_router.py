@@ -18,13 +18,14 @@ from fleet_helpers import dqa, fake_sglang_python, fleet_up, process_gone, read_
 from regen_helpers import read_shards
 from router_helpers import ROUTER_MISSING
 
-pytestmark = pytest.mark.skipif(ROUTER_MISSING is not None, reason=ROUTER_MISSING or "")
+needs_router = pytest.mark.skipif(ROUTER_MISSING is not None, reason=ROUTER_MISSING or "")
 
 
 def _flag(cmd: list[str], name: str) -> str:
     return cmd[cmd.index(name) + 1]
 
 
+@needs_router
 def test_fleet_up_router_regen_goes_through_it_once_status_reads_its_metrics_down_stops_all(tmp_path):
     import psutil
 
@@ -88,9 +89,84 @@ def test_fleet_up_router_regen_goes_through_it_once_status_reads_its_metrics_dow
     assert s.returncode == 3 and json.loads(s.stdout)["router"]["up"] is False
 
 
+@needs_router
 def test_fleet_up_router_refuses_a_model_that_is_not_a_local_folder_before_starting_anything(tmp_path):
     py = fake_sglang_python(tmp_path)
     r = dqa("fleet", "up", "--model", "Qwen/Qwen3-8B", "--gpus", "0", "--python", py, "--fleet", tmp_path / "f.json",
             "--router", cwd=tmp_path)  # fmt: skip
     assert r.returncode == 2 and "--router needs the model as a local folder" in r.stderr
     assert not (tmp_path / "f.json").exists() and not (tmp_path / "fleet-logs").exists()
+
+
+def test_bad_router_options_are_usage_errors_before_anything_starts(tmp_path):
+    from dqa.tokenizer_files import qwen3_tokenizer_dir
+
+    py = fake_sglang_python(tmp_path)
+    for flags, message in ((["--router-policy", "fastest"], "--router-policy 'fastest': expected one of cache_aware"),
+                           (["--router-port", "70000"], "--router-port 70000: expected 0")):  # fmt: skip
+        r = dqa("fleet", "up", "--model", qwen3_tokenizer_dir(), "--gpus", "0", "--python", py, "--fleet", tmp_path / "f.json",
+                "--router", *flags, cwd=tmp_path)  # fmt: skip
+        assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert not (tmp_path / "f.json").exists()
+
+
+def test_a_fleet_file_with_a_router_round_trips_and_regen_sends_to_the_router(tmp_path):
+    from dqa.regen.fleet import file as ff
+
+    eps = [ff.Endpoint(url=f"http://10.0.0.5:3000{i}", gpu=str(i), pid=100 + i) for i in range(2)]
+    router = ff.Endpoint(url="http://10.0.0.5:41234", pid=200, started=1796024101.5, host="10.0.0.5", port=41234,
+                         cmd=["python", "-m", "sglang_router.launch_router", "--api-key", "s3cret"],
+                         metrics_url="http://10.0.0.5:41235")  # fmt: skip
+    path = ff.write_fleet(tmp_path / "fleet.json", ff.Fleet("sglang", "sglang", "/m", eps, router=router))
+    raw = read_json(path)
+    assert raw["router"]["metrics_url"] == "http://10.0.0.5:41235" and "s3cret" not in path.read_text()
+    assert "metrics_url" not in raw["endpoints"][0]  # endpoints keep their old shape
+    back = ff.read_fleet(path)
+    assert back.router.url == router.url and back.router.metrics_url == router.metrics_url and back.router.pid == 200
+    assert back.send_urls == ["http://10.0.0.5:41234"] and back.urls == [e.url for e in eps] and back.gpu_count == 2
+    plain = ff.read_fleet(ff.write_fleet(tmp_path / "plain.json", ff.Fleet("sglang", "sglang", "/m", eps)))
+    assert plain.router is None and plain.send_urls == plain.urls
+
+
+@pytest.mark.parametrize(
+    "router, message",
+    [("http://x:1", "'router' must be an object"), ({"url": "x:1"}, "router.url must be an http(s) URL"),
+     ({"url": "http://x:1", "metrics_url": 5}, "router.metrics_url must be an http(s) URL"),
+     ({"url": "http://x:1", "pid": -1}, "router.pid must be a positive integer")],
+)  # fmt: skip
+def test_a_malformed_router_record_is_an_input_error_naming_the_field(tmp_path, router, message):
+    from dqa.errors import InputError
+    from dqa.regen.fleet import file as ff
+
+    path = tmp_path / "fleet.json"
+    path.write_text(json.dumps({"version": 1, "model": "/m", "endpoints": [{"url": "http://x:2"}], "router": router}))
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ff.read_fleet(path)
+
+
+# Lines in the shape sglang-router 0.3.2's Prometheus port prints them (names and labels as read
+# from a running router; the values set by hand: one worker down with its circuit open, retries).
+# The retry counter's labels were not seen (it appears once a retry happens), so it has none here.
+METRICS = """\
+smg_worker_health{worker="http://127.0.0.1:33639"} 1
+smg_worker_health{worker="http://127.0.0.1:42427"} 0
+smg_worker_cb_state{worker="http://127.0.0.1:33639"} 0
+smg_worker_cb_state{worker="http://127.0.0.1:42427"} 1
+smg_worker_requests_active{worker="http://127.0.0.1:33639"} 3
+smg_worker_retries_total 4
+smg_router_upstream_responses_total{router_type="http",status_code="200",error_code=""} 9
+smg_router_upstream_responses_total{router_type="http",status_code="503",error_code="no_available_workers"} 2
+"""
+
+
+def test_router_metrics_give_each_workers_health_circuit_and_the_retries():
+    from dqa.regen.fleet.router import RouterStatus, parse_metrics
+    from dqa.reports.fleet_table import router_lines
+
+    st = RouterStatus(url="http://r:1", metrics_url="http://r:2", up=True, ready=True)
+    parse_metrics(METRICS, st)
+    assert [(w.url[-5:], w.healthy, w.circuit, w.active) for w in st.workers] == [("33639", True, "closed", 3), ("42427", False, "open", None)]
+    assert (st.retries_total, st.retries_exhausted_total, st.responses) == (4, 0, {"200": 9, "503": 2})
+    lines = router_lines(st)
+    assert lines[0] == "router http://r:1: up, ready" and "UNHEALTHY, circuit open" in lines[2]
+    assert lines[-1] == "  retries 4 (exhausted 0); upstream replies 200: 9, 503: 2"

@@ -9,6 +9,10 @@ read it. Format (FORMATS.md, "Fleet file")::
                     "log": "logs/gpu0.log", "host": "10.0.0.5", "cmd": ["python", "..."],
                     "port": 30000, "started": 1796024085.12}]}
 
+With `dqa fleet up --router` the file also has ``"router": {"url", "metrics_url", "pid", "started",
+"log", "host", "port", "cmd"}`` (``Fleet.router``, an ``Endpoint``); `regen --fleet` then sends
+to its URL (``Fleet.send_urls``).
+
 ``started`` (the process start time, seconds since the epoch) lets `fleet down` check that a
 recorded pid still is the process `fleet up` started before it signals it. A relative ``log``
 is relative to the fleet file's folder. The file never holds an API key: values of secret

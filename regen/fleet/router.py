@@ -36,9 +36,12 @@ ROUTER_MODULE = "sglang_router.launch_router"
 CB_STATES = {0: "closed", 1: "open", 2: "half_open"}  # smg_worker_cb_state's values (its HELP text)
 
 
-def check_router(policy: str, tokenizer: str) -> None:
-    """Raise ``UsageError`` for an unknown ``policy``, a ``tokenizer`` that is not a local folder
-    (the router would reach for the network), or a Python without the sglang-router package."""
+def check_router(policy: str, tokenizer: str, port: int = 0) -> None:
+    """Raise ``UsageError`` for an unknown ``policy``, a ``port`` outside 0-65535, a ``tokenizer``
+    that is not a local folder (the router would reach for the network), or a Python without the
+    sglang-router package."""
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--router-port {port}: expected 0 (a free port) to 65535")
     if policy not in ROUTER_POLICIES:
         raise UsageError(f"--router-policy {policy!r}: expected one of {', '.join(ROUTER_POLICIES)}")
     if not Path(tokenizer).is_dir():

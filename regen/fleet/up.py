@@ -194,7 +194,9 @@ def _sigterm_as_interrupt():
 
 
 def launch_fleet(spec: FleetSpec, events: LaunchEvents | None = None) -> LaunchResult:
-    """Start one server per GPU, write the fleet file, and wait until every server is healthy.
+    """Start one server per GPU, write the fleet file, and wait until every server is healthy;
+    with ``spec.router``, then start sglang-router in front of them (``fleet.router``), record it in
+    the fleet file and wait until it sees a healthy worker.
 
     The fleet file is written before the wait, so `dqa fleet down` can stop the servers even if
     this process dies. When a server fails (or on Ctrl-C/SIGTERM once they are started) the
@@ -203,7 +205,9 @@ def launch_fleet(spec: FleetSpec, events: LaunchEvents | None = None) -> LaunchR
     ``UsageError``/``InputError`` for bad options (see ``prepare_launch``), a fleet file that
     records a running fleet or cannot be read, or a busy port; ``launch.ServerFailed``
     naming the GPU and log of a server that exited or timed out; ``RuntimeFailure`` when
-    interrupted while waiting.
+    interrupted while waiting, or when the router exits or is not ready in time (servers and
+    router stopped). ``--router`` with a model that is not a local folder, an unknown policy or no
+    sglang-router package is a ``UsageError`` before anything starts.
     """
     events = events or LaunchEvents()
     prepared = prepare_launch(spec)
@@ -211,7 +215,7 @@ def launch_fleet(spec: FleetSpec, events: LaunchEvents | None = None) -> LaunchR
     _refuse_to_overwrite(fleet, spec.force)
     if spec.router:  # refused before anything starts
         tokenizer = str(prepared.stage[0]) if prepared.stage is not None else prepared.launch.model
-        fr.check_router(spec.router_policy, tokenizer)
+        fr.check_router(spec.router_policy, tokenizer, spec.router_port)
 
     if prepared.stage is not None:
         src = prepared.stage[0]
