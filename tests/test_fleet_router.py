@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import httpx
 import pytest
 from fleet_helpers import dqa, fake_sglang_python, fleet_up, process_gone, read_json, write_failing_set
 from regen_helpers import read_shards
@@ -78,6 +79,17 @@ def test_fleet_up_router_regen_goes_through_it_once_status_reads_its_metrics_dow
         table = dqa("fleet", "status", "--fleet", fleet, cwd=tmp_path, env={"COLUMNS": "200"})
         assert table.returncode == 0 and f"router {router['url']}: up, ready" in table.stdout
         assert f"worker {workers[0]}: healthy, circuit closed" in table.stdout
+
+        # Both workers answer 500 now: the router retries each request across them and gives up;
+        # status reads the retries, the exhausted requests and the 500s off its metrics port.
+        for u in workers:
+            assert httpx.post(u + "/_control", json={"error_share": 1.0, "error_statuses": [500]}, timeout=5).status_code == 200
+        for i in range(3):
+            reply = httpx.post(router["url"] + "/generate", json={"input_ids": [151644, 872, 198, 500 + i],
+                               "sampling_params": {"max_new_tokens": 4}}, timeout=30)  # fmt: skip
+            assert reply.status_code == 500
+        rs = json.loads(dqa("fleet", "status", "--fleet", fleet, "--json", cwd=tmp_path).stdout)["router"]
+        assert rs["retries_total"] > 0 and rs["retries_exhausted_total"] == 3 and rs["responses"]["500"] > 3
     finally:
         d = dqa("fleet", "down", "--fleet", fleet, "--json", "--grace", "20", cwd=tmp_path, timeout=120)
     assert d.returncode == 0, d.stderr
@@ -144,16 +156,16 @@ def test_a_malformed_router_record_is_an_input_error_naming_the_field(tmp_path, 
         ff.read_fleet(path)
 
 
-# Lines in the shape sglang-router 0.3.2's Prometheus port prints them (names and labels as read
-# from a running router; the values set by hand: one worker down with its circuit open, retries).
-# The retry counter's labels were not seen (it appears once a retry happens), so it has none here.
+# Lines as sglang-router 0.3.2's Prometheus port printed them (both workers answering 500: the
+# router retried, one circuit opened); one worker's health set to 0 and the 503 line added by hand.
 METRICS = """\
 smg_worker_health{worker="http://127.0.0.1:33639"} 1
 smg_worker_health{worker="http://127.0.0.1:42427"} 0
 smg_worker_cb_state{worker="http://127.0.0.1:33639"} 0
 smg_worker_cb_state{worker="http://127.0.0.1:42427"} 1
 smg_worker_requests_active{worker="http://127.0.0.1:33639"} 3
-smg_worker_retries_total 4
+smg_worker_retries_total{worker_type="regular",endpoint="generate"} 12
+smg_worker_retries_exhausted_total{worker_type="regular",endpoint="generate"} 3
 smg_router_upstream_responses_total{router_type="http",status_code="200",error_code=""} 9
 smg_router_upstream_responses_total{router_type="http",status_code="503",error_code="no_available_workers"} 2
 """
@@ -166,7 +178,7 @@ def test_router_metrics_give_each_workers_health_circuit_and_the_retries():
     st = RouterStatus(url="http://r:1", metrics_url="http://r:2", up=True, ready=True)
     parse_metrics(METRICS, st)
     assert [(w.url[-5:], w.healthy, w.circuit, w.active) for w in st.workers] == [("33639", True, "closed", 3), ("42427", False, "open", None)]
-    assert (st.retries_total, st.retries_exhausted_total, st.responses) == (4, 0, {"200": 9, "503": 2})
+    assert (st.retries_total, st.retries_exhausted_total, st.responses) == (12, 3, {"200": 9, "503": 2})
     lines = router_lines(st)
     assert lines[0] == "router http://r:1: up, ready" and "UNHEALTHY, circuit open" in lines[2]
-    assert lines[-1] == "  retries 4 (exhausted 0); upstream replies 200: 9, 503: 2"
+    assert lines[-1] == "  retries 12 (exhausted 3); upstream replies 200: 9, 503: 2"
