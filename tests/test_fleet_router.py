@@ -182,3 +182,30 @@ def test_router_metrics_give_each_workers_health_circuit_and_the_retries():
     lines = router_lines(st)
     assert lines[0] == "router http://r:1: up, ready" and "UNHEALTHY, circuit open" in lines[2]
     assert lines[-1] == "  retries 12 (exhausted 3); upstream replies 200: 9, 503: 2"
+
+
+def _refused(url: str) -> bool:
+    try:
+        httpx.get(url + "/health", timeout=2)
+    except httpx.TransportError:
+        return True
+    return False
+
+
+@needs_router
+def test_a_router_that_is_not_ready_in_time_fails_the_start_and_everything_is_stopped(tmp_path):
+    import re
+
+    from dqa.tokenizer_files import qwen3_tokenizer_dir
+
+    py = fake_sglang_python(tmp_path)
+    fleet = tmp_path / "fleet.json"
+    r, base = fleet_up(
+        "fleet", "up", "--model", qwen3_tokenizer_dir(), "--gpus", "0-1", "--python", py, "--fleet", fleet,
+        "--timeout", "60", "--router", "--router-timeout", "0.01", ports=2, cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 3 and "not ready after" in r.stderr and "router.log" in r.stderr, r.stderr
+    assert not fleet.exists()  # nothing left running for it to record
+    log = (tmp_path / "fleet-logs" / "router.log").read_text()
+    router_port = int(re.search(r"--port (\d+)", log).group(1))
+    assert all(_refused(f"http://127.0.0.1:{p}") for p in (base, base + 1, router_port))
