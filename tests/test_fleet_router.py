@@ -101,7 +101,6 @@ def test_fleet_up_router_regen_goes_through_it_once_status_reads_its_metrics_dow
     assert s.returncode == 3 and json.loads(s.stdout)["router"]["up"] is False
 
 
-@needs_router
 def test_fleet_up_router_refuses_a_model_that_is_not_a_local_folder_before_starting_anything(tmp_path):
     py = fake_sglang_python(tmp_path)
     r = dqa("fleet", "up", "--model", "Qwen/Qwen3-8B", "--gpus", "0", "--python", py, "--fleet", tmp_path / "f.json",
@@ -209,3 +208,16 @@ def test_a_router_that_is_not_ready_in_time_fails_the_start_and_everything_is_st
     log = (tmp_path / "fleet-logs" / "router.log").read_text()
     router_port = int(re.search(r"--port (\d+)", log).group(1))
     assert all(_refused(f"http://127.0.0.1:{p}") for p in (base, base + 1, router_port))
+
+
+def test_without_the_sglang_router_package_router_is_refused_with_the_install_line(tmp_path, monkeypatch):
+    import importlib.util
+
+    from dqa.errors import UsageError
+    from dqa.regen.fleet import router as fr
+    from dqa.tokenizer_files import qwen3_tokenizer_dir
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sglang_router" else real(name, *a))
+    with pytest.raises(UsageError, match=r"sglang-router package is not installed .*pip install sglang-router==0.3.2"):
+        fr.check_router("cache_aware", str(qwen3_tokenizer_dir()))
