@@ -262,16 +262,17 @@ def status(
                         table, notes = status_table(rec, statuses, totals)
                         out.print(table)
                         for line in extra_lines():
-                            out.print(line)
+                            out.print(line, markup=False, highlight=False)
                     time.sleep(interval)
                     statuses, totals = snapshot()
             else:
                 from rich.console import Group
                 from rich.live import Live
+                from rich.text import Text
 
                 def render(statuses, totals):
                     table, notes = status_table(rec, statuses, totals)
-                    return Group(table, *notes, *extra_lines(), f"refreshed {totals['checked_at']} every {interval:g} s; Ctrl-C to stop")
+                    return Group(table, *notes, *(Text(line) for line in extra_lines()), f"refreshed {totals['checked_at']} every {interval:g} s; Ctrl-C to stop")
 
                 with Live(render(statuses, totals), console=out, auto_refresh=False) as live:
                     while True:
@@ -288,7 +289,7 @@ def status(
         for n in notes:
             out.print(n)
         for line in extra_lines():
-            out.print(line, highlight=False)
+            out.print(line, markup=False, highlight=False)
     if totals["up"] < totals["endpoints"] or (router_st is not None and not router_st.up):
         raise typer.Exit(EXIT_RUNTIME)
 
