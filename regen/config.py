@@ -65,6 +65,14 @@ DEFAULT_REASONING_PARSER = "qwen3"
 DEFAULT_MAMBA_EXTRA_BUFFER = "auto"  # auto | on | off
 DEFAULT_UP_TIMEOUT = 900.0  # seconds for every server to become healthy
 DEFAULT_STATUS_TIMEOUT = 3.0  # `dqa fleet status`: seconds per request
+# `dqa fleet up --router` (fleet.router): sglang-router in front of the launched servers.
+ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
+DEFAULT_ROUTER_POLICY = "cache_aware"  # a conversation's next turn to the worker holding its prefix
+DEFAULT_ROUTER_PORT = 0  # 0: a free port chosen by the OS
+DEFAULT_ROUTER_TIMEOUT = 60.0  # seconds for the router to see a healthy worker (/readiness 200)
+# The settings README "Through the SGLang router" recommends for a regen run: a request timeout
+# above regen's --request-timeout (3600 s), circuits re-closed after 10 s rather than 60 s.
+ROUTER_REGEN_FLAGS = ("--request-timeout-secs", "7200", "--cb-timeout-duration-secs", "10", "--health-check-interval-secs", "5")
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:
@@ -360,6 +368,7 @@ def _groups_from_flat(options: dict[str, Any]) -> dict[str, Any]:
 __all__ = ["DEFAULT_AUX_LAYERS", "DEFAULT_BIND_HOST", "DEFAULT_CALIBRATE_SAMPLE", "DEFAULT_CONTEXT_LENGTH", "DEFAULT_ENGINE",
            "DEFAULT_GPUS", "DEFAULT_MAMBA_EXTRA_BUFFER", "DEFAULT_MAX_IN_FLIGHT", "DEFAULT_MAX_NEW_TOKENS",
            "DEFAULT_MAX_RUNNING_REQUESTS", "DEFAULT_MERGE_BATCH_ROWS", "DEFAULT_PORT_BASE", "DEFAULT_PROTOCOL",
-           "DEFAULT_REASONING_PARSER", "DEFAULT_STATUS_TIMEOUT", "DEFAULT_TOKENIZER", "DEFAULT_TURNS", "DEFAULT_UP_TIMEOUT",
-           "PROTOCOLS", "TURN_MODES", "parse_shard",
+           "DEFAULT_REASONING_PARSER", "DEFAULT_ROUTER_POLICY", "DEFAULT_ROUTER_PORT", "DEFAULT_ROUTER_TIMEOUT",
+           "DEFAULT_STATUS_TIMEOUT", "DEFAULT_TOKENIZER", "DEFAULT_TURNS", "DEFAULT_UP_TIMEOUT",
+           "PROTOCOLS", "ROUTER_POLICIES", "ROUTER_REGEN_FLAGS", "TURN_MODES", "parse_shard",
            "DatasetSpec", "DispatchSpec", "OutputSpec", "RegenConfig", "Retries", "SamplingSpec", "Selection", "Timeouts"]

@@ -83,4 +83,26 @@ def up_lines(result: LaunchResult) -> list[str]:
         f"fleet up: {len(rec.endpoints)} {rec.engine} server(s) healthy in {result.elapsed_s:.1f} s; fleet file {result.fleet_path}"
     ]
     lines += [f"  GPU {e.gpu}: {e.url} pid {e.pid} log {e.log}" for e in rec.endpoints]
+    if rec.router is not None:
+        r = rec.router
+        lines.append(f"  router: {r.url} (metrics {r.metrics_url}) pid {r.pid} log {r.log}; `dqa regen --fleet` sends to it")
+    return lines
+
+
+def router_lines(st: Any) -> list[str]:
+    """What `fleet status` prints for the fleet's router (a ``fleet.router.RouterStatus``): up and
+    ready, then one line per worker it sees (health, circuit, in flight), retries and upstream
+    replies by status code."""
+    state = "up" if st.up else "DOWN"
+    ready = "ready" if st.ready else "not ready (no healthy worker)"
+    proc = f", process {st.process}" if st.process else ""
+    lines = [f"router {st.url}: {state}, {ready}{proc}"]
+    if st.source != "metrics":
+        return lines + [f"  {st.note}"] if st.note else lines
+    for w in st.workers:
+        health = {True: "healthy", False: "UNHEALTHY", None: "health ?"}[w.healthy]
+        active = "?" if w.active is None else f"{w.active:g}"
+        lines.append(f"  worker {w.url}: {health}, circuit {w.circuit or '?'}, {active} in flight")
+    codes = ", ".join(f"{c}: {v:g}" for c, v in sorted(st.responses.items())) or "none yet"
+    lines.append(f"  retries {st.retries_total:g} (exhausted {st.retries_exhausted_total:g}); upstream replies {codes}")
     return lines

@@ -11,8 +11,8 @@ import typer
 
 from dqa.commands.common import console, handles_errors, help_text, stderr_is_tty
 from dqa.regen.config import (DEFAULT_BIND_HOST, DEFAULT_CONTEXT_LENGTH, DEFAULT_ENGINE, DEFAULT_GPUS, DEFAULT_MAMBA_EXTRA_BUFFER,
-                              DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PORT_BASE, DEFAULT_REASONING_PARSER, DEFAULT_STATUS_TIMEOUT,
-                              DEFAULT_UP_TIMEOUT)
+                              DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PORT_BASE, DEFAULT_REASONING_PARSER, DEFAULT_ROUTER_POLICY,
+                              DEFAULT_ROUTER_PORT, DEFAULT_ROUTER_TIMEOUT, DEFAULT_STATUS_TIMEOUT, DEFAULT_UP_TIMEOUT)
 from dqa.regen.fleet.file import DEFAULT_FLEET_FILE as DEFAULT_FLEET
 
 fleet_app = typer.Typer(
@@ -74,6 +74,12 @@ def up(
     keep_on_failure: bool = typer.Option(False, "--keep-on-failure", help="Leave the other servers running when one fails to start."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the exact commands (a bash script) and start nothing. The model folder need not be on this machine (a note says what was assumed without it)."),
     force: bool = typer.Option(False, "--force", help="Overwrite a --fleet file that cannot be read as a fleet file (by default dqa refuses)."),
+    router: bool = typer.Option(
+        False, "--router", help="Start sglang-router (pip install sglang-router==0.3.2) in front of the servers once they are healthy: Prometheus port on, --tokenizer-path the model folder, the regen circuit-breaker settings. Its URL goes in the fleet file; `dqa regen --fleet` sends to it."
+    ),
+    router_policy: str = typer.Option(DEFAULT_ROUTER_POLICY, "--router-policy", help="With --router: cache_aware, round_robin, power_of_two or random."),
+    router_port: int = typer.Option(DEFAULT_ROUTER_PORT, "--router-port", help="With --router: its port (0: a free one). Its metrics port is always a free one."),
+    router_timeout: float = typer.Option(DEFAULT_ROUTER_TIMEOUT, "--router-timeout", help="With --router: seconds for it to see a healthy worker."),
     json_out: bool = typer.Option(False, "--json", help="Print the fleet file on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success (errors still go to stderr)."),
     extra: Optional[List[str]] = typer.Argument(
@@ -92,6 +98,8 @@ def up(
       dqa fleet up --model /models/Qwen3.6-27B --gpus 0-6 --stage /dev/shm --mtp --dry-run
 
       dqa fleet up --model ./tiny --gpus 0-1 --engine transformers --port-base 18000 --env OMP_NUM_THREADS=1
+
+      dqa fleet up --model /dev/shm/Qwen3.6-27B --gpus 0-6 --router    # sglang-router in front, cache_aware
     """
     import json
 
@@ -123,6 +131,10 @@ def up(
         keep_on_failure=keep_on_failure,
         force=force,
         extra=tuple(extra or ()),
+        router=router,
+        router_policy=router_policy,
+        router_port=router_port,
+        router_timeout=router_timeout,
     )
     if dry_run:
         prepared = prepare_launch(spec, dry_run=True)
@@ -201,8 +213,10 @@ def status(
     accept length, request and token totals, and the sums over the fleet.
 
     Figures come from SGLang's /metrics (--enable-metrics), else the latest "Decode batch" line
-    of the server's log; transformers serve has neither (up/down only).
-    Exit code: 0 when every endpoint is up, 3 when any is down; with --watch, as of the last
+    of the server's log; transformers serve has neither (up/down only). A fleet started with
+    --router also shows the router: up/ready, and from its Prometheus port each worker's health
+    and circuit state, its retries and its upstream replies by status code.
+    Exit code: 0 when every endpoint (and the router) is up, 3 when any is down; with --watch, as of the last
     refresh before Ctrl-C.
 
     Example: dqa fleet status --fleet fleet.json --watch
@@ -214,16 +228,21 @@ def status(
 
     from dqa.errors import EXIT_RUNTIME, UsageError
     from dqa.regen.fleet import file as ff
+    from dqa.regen.fleet import router as fr
     from dqa.regen.fleet import status as fs
-    from dqa.reports.fleet_table import status_table
+    from dqa.reports.fleet_table import router_lines, status_table
 
     if quiet and watch:
         raise UsageError("--quiet prints nothing, so --watch would show nothing; drop one")
     files = list(fleet) or [Path(DEFAULT_FLEET)]
     rec = ff.read_fleets(files)
 
+    router_st: list = []  # the routers' statuses (fleets started with --router)
+
     def snapshot():
+        nonlocal router_st
         statuses = fs.fleet_set_status(rec, timeout=timeout)
+        router_st = [st for st in (fr.fleet_router_status(f, timeout) for f in rec.fleets) if st is not None]
         return statuses, fs.totals(statuses)
 
     def common(name):
@@ -232,7 +251,13 @@ def status(
 
     def as_json(statuses, totals):
         named = str(files[0]) if len(files) == 1 else [str(f) for f in files]
-        return json.dumps({"fleet": named, "engine": common("engine"), "model": common("model"), "endpoints": [s.to_dict() for s in statuses], "total": totals})
+        out = {"fleet": named, "engine": common("engine"), "model": common("model"), "endpoints": [s.to_dict() for s in statuses], "total": totals}
+        if router_st:  # one router: its object; several fleet files with routers: a list
+            out["router"] = router_st[0].to_dict() if len(router_st) == 1 else [st.to_dict() for st in router_st]
+        return json.dumps(out)
+
+    def extra_lines():
+        return [line for st in router_st for line in router_lines(st)]
 
     out = console(stderr=False)
     if not out.is_terminal:
@@ -247,15 +272,18 @@ def status(
                     else:
                         table, notes = status_table(rec.fleets, statuses, totals)
                         out.print(table)
+                        for line in extra_lines():
+                            out.print(line, markup=False, highlight=False)
                     time.sleep(interval)
                     statuses, totals = snapshot()
             else:
                 from rich.console import Group
                 from rich.live import Live
+                from rich.text import Text
 
                 def render(statuses, totals):
                     table, notes = status_table(rec.fleets, statuses, totals)
-                    return Group(table, *notes, f"refreshed {totals['checked_at']} every {interval:g} s; Ctrl-C to stop")
+                    return Group(table, *notes, *(Text(line) for line in extra_lines()), f"refreshed {totals['checked_at']} every {interval:g} s; Ctrl-C to stop")
 
                 with Live(render(statuses, totals), console=out, auto_refresh=False) as live:
                     while True:
@@ -271,7 +299,9 @@ def status(
         out.print(table)
         for n in notes:
             out.print(n)
-    if totals["up"] < totals["endpoints"]:
+        for line in extra_lines():
+            out.print(line, markup=False, highlight=False)
+    if totals["up"] < totals["endpoints"] or any(not st.up for st in router_st):
         raise typer.Exit(EXIT_RUNTIME)
 
 
@@ -303,15 +333,24 @@ def down(
     from dqa.regen.fleet import launch as fl
 
     files = list(fleet) or [Path(DEFAULT_FLEET)]
-    endpoints = [e for f in ff.read_fleets(files).fleets for e in f.endpoints]
+    fleets = ff.read_fleets(files).fleets
+    # The routers go first, so that none sees its workers vanish under live traffic.
+    routers = [{"url": f.router.url, "pid": f.router.pid, "outcome": fl.stop_endpoint(f.router, grace=grace)}
+               for f in fleets if f.router is not None]
+    endpoints = [e for f in fleets for e in f.endpoints]
     outcomes = fl.stop_endpoints(endpoints, grace=grace)
     rows = [{"gpu": e.gpu, "url": e.url, "pid": e.pid, "outcome": o} for e, o in zip(endpoints, outcomes)]
     if json_out:
-        typer.echo(json.dumps({"fleet": str(files[0]) if len(files) == 1 else [str(f) for f in files], "endpoints": rows}))
+        named = str(files[0]) if len(files) == 1 else [str(f) for f in files]
+        extra = {"router": routers[0] if len(routers) == 1 else routers} if routers else {}
+        typer.echo(json.dumps({"fleet": named, "endpoints": rows, **extra}))
     elif not quiet:
+        for router in routers:
+            typer.echo(f"router: {router['url']} pid {router['pid']}: {router['outcome']}")
         for r in rows:
             typer.echo(f"GPU {r['gpu']}: {r['url']} pid {r['pid']}: {r['outcome']}")
     left = [r for r in rows if not fl.stopped(r["outcome"])]
+    left[:0] = [{"gpu": "router", "pid": r["pid"], "outcome": r["outcome"]} for r in routers if not fl.stopped(r["outcome"])]
     if left:
         raise RuntimeFailure(f"{len(left)} server(s) not stopped: GPU {left[0]['gpu']} pid {left[0]['pid']}: {left[0]['outcome']}")
 

@@ -75,13 +75,13 @@ class RoundPlan:
 
 
 def _cost_per_s(regen: dict[str, Any]) -> float | None:
-    """Dollars per second of the servers from ``gpus`` (else the fleet file's GPU count, else one per
+    """Dollars per second of the servers from ``gpus`` (else the fleet files' GPU count, else one per
     endpoint) x ``gpu_hour_cost``; None without a price. Raises ``InputError`` for an unreadable fleet file."""
     gpus = regen.get("gpus")
     if not gpus and regen.get("fleet"):
-        from dqa.regen.fleet.file import read_fleet
+        from dqa.regen.fleet.file import read_fleets
 
-        gpus = read_fleet(regen["fleet"]).gpu_count
+        gpus = read_fleets(regen["fleet"]).gpu_count  # one fleet file or several
     gpus = gpus or len(regen.get("endpoints") or ())
     price = float(regen.get("gpu_hour_cost") or 0.0)
     return gpus * price / 3600.0 if gpus and price else None

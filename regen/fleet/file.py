@@ -9,6 +9,10 @@ read it. Format (FORMATS.md, "Fleet file")::
                     "log": "logs/gpu0.log", "host": "10.0.0.5", "cmd": ["python", "..."],
                     "port": 30000, "started": 1796024085.12}]}
 
+With `dqa fleet up --router` the file also has ``"router": {"url", "metrics_url", "pid", "started",
+"log", "host", "port", "cmd"}`` (``Fleet.router``, an ``Endpoint``); `regen --fleet` then sends
+to its URL (``Fleet.send_urls``).
+
 ``started`` (the process start time, seconds since the epoch) lets `fleet down` check that a
 recorded pid still is the process `fleet up` started before it signals it. A relative ``log``
 is relative to the fleet file's folder. The file never holds an API key: values of secret
@@ -53,6 +57,7 @@ class Endpoint:
     cmd: list[str] = field(default_factory=list)
     port: int | None = None
     started: float | None = None
+    metrics_url: str | None = None  # the router's Prometheus port (only on the fleet's "router")
 
 
 @dataclass
@@ -66,6 +71,12 @@ class Fleet:
     created_at: str = ""
     version: int = FLEET_VERSION
     path: Path | None = None
+    router: Endpoint | None = None  # sglang-router in front of the endpoints (`fleet up --router`)
+
+    @property
+    def send_urls(self) -> list[str]:
+        """Where `dqa regen --fleet` sends: the router's URL when the fleet has one, else the endpoints."""
+        return [self.router.url] if self.router is not None else self.urls
 
     @property
     def gpu_count(self) -> int:
@@ -121,7 +132,7 @@ def to_dict(fleet: Fleet) -> dict[str, Any]:
         d = {k: v for k, v in asdict(e).items() if v is not None}
         d["cmd"] = redact(list(e.cmd))
         endpoints.append(d)
-    return {
+    out = {
         "version": fleet.version,
         "engine": fleet.engine,
         "protocol": fleet.protocol,
@@ -129,6 +140,9 @@ def to_dict(fleet: Fleet) -> dict[str, Any]:
         "created_at": fleet.created_at or now_iso(),
         "endpoints": endpoints,
     }
+    if fleet.router is not None:
+        out["router"] = {**{k: v for k, v in asdict(fleet.router).items() if v is not None}, "cmd": redact(list(fleet.router.cmd))}
+    return out
 
 
 def write_fleet(path: str | Path, fleet: Fleet) -> Path:
@@ -198,6 +212,33 @@ def parse_fleet(obj: Any, path: Path) -> Fleet:
         created_at=str(obj.get("created_at", "")),
         version=version,
         path=path,
+        router=parse_router(obj.get("router"), path),
+    )
+
+
+def parse_router(raw: Any, path: Path) -> Endpoint | None:
+    """The fleet file's ``router`` object as an ``Endpoint`` (None when absent). Raises
+    ``InputError`` naming the field that is malformed."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise _bad(path, "'router' must be an object")
+    for key in ("url", "metrics_url"):
+        v = raw.get(key)
+        if key == "url" or v is not None:
+            if not isinstance(v, str) or not v.startswith(("http://", "https://")):
+                raise _bad(path, f"router.{key} must be an http(s) URL")
+    pid, started, cmd, port = raw.get("pid"), raw.get("started"), raw.get("cmd") or [], raw.get("port")
+    if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0):
+        raise _bad(path, "router.pid must be a positive integer")
+    if started is not None and not isinstance(started, (int, float)):
+        raise _bad(path, "router.started must be a number")
+    if not isinstance(cmd, list) or not all(isinstance(a, str) for a in cmd):
+        raise _bad(path, "router.cmd must be a list of strings")
+    return Endpoint(
+        url=raw["url"].rstrip("/"), pid=pid, log=raw.get("log"), host=raw.get("host"), cmd=list(cmd),
+        port=port if isinstance(port, int) else None, started=None if started is None else float(started),
+        metrics_url=None if raw.get("metrics_url") is None else raw["metrics_url"].rstrip("/"),
     )
 
 
@@ -233,6 +274,11 @@ class FleetSet:
     def urls(self) -> list[str]:
         """Every endpoint's base URL: the first file's, then the next file's, ..."""
         return [u for f in self.fleets for u in f.urls]
+
+    @property
+    def send_urls(self) -> list[str]:
+        """Where `dqa regen --fleet` sends: each fleet's router, or its endpoints where it has none."""
+        return [u for f in self.fleets for u in f.send_urls]
 
     @property
     def gpu_count(self) -> int:

@@ -21,7 +21,8 @@ from typing import Sequence
 
 from dqa.errors import UsageError
 from dqa.regen.config import (DEFAULT_BIND_HOST, DEFAULT_CONTEXT_LENGTH, DEFAULT_ENGINE, DEFAULT_GPUS, DEFAULT_MAX_RUNNING_REQUESTS,
-                              DEFAULT_PORT_BASE, DEFAULT_REASONING_PARSER, DEFAULT_UP_TIMEOUT)
+                              DEFAULT_PORT_BASE, DEFAULT_REASONING_PARSER, DEFAULT_ROUTER_POLICY, DEFAULT_ROUTER_PORT,
+                              DEFAULT_ROUTER_TIMEOUT, DEFAULT_UP_TIMEOUT)
 from dqa.regen.fleet.file import DEFAULT_FLEET_FILE
 from dqa.regen.servers import ENGINES, KINDS
 from dqa.regen.servers.base import EngineOptions
@@ -42,7 +43,9 @@ class FleetSpec:
     Python; ``log_dir`` ``None`` is ``<fleet file name>-logs/`` next to the fleet file
     (``fleet-logs/`` for ``fleet.json``; ``node-a-logs/`` for ``node-a.json``, so fleets of several
     nodes with their files in one shared folder keep their logs apart); ``extra`` goes to every
-    server unchanged.
+    server unchanged. ``router`` starts sglang-router in front of the servers once they are
+    healthy (``router_policy``; ``router_port`` 0: a free port; ``router_timeout`` seconds for it
+    to see a healthy worker).
     """
 
     model: str
@@ -65,6 +68,10 @@ class FleetSpec:
     keep_on_failure: bool = False
     force: bool = False
     extra: Sequence[str] = ()
+    router: bool = False
+    router_policy: str = DEFAULT_ROUTER_POLICY
+    router_port: int = DEFAULT_ROUTER_PORT
+    router_timeout: float = DEFAULT_ROUTER_TIMEOUT
 
     def checked(self) -> FleetSpec:
         """This spec with each field in one shape: ``gpus`` a tuple of ids, ``env`` a dict,

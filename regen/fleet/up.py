@@ -33,6 +33,7 @@ from typing import Any, Callable, ContextManager
 from dqa.errors import InputError, RuntimeFailure, UsageError
 from dqa.regen.fleet import file as ff
 from dqa.regen.fleet import launch as fl
+from dqa.regen.fleet import router as fr
 from dqa.regen.fleet.logs import log_tail
 from dqa.regen.fleet.spec import FleetSpec
 from dqa.regen.fleet.stage import stage_model
@@ -154,6 +155,8 @@ def prepare_launch(spec: FleetSpec, dry_run: bool = False) -> PreparedLaunch:
     options = kind.prepare(launch, model_path if local else None, notes)
     launch = dataclasses.replace(launch, engine_options=options)
     commands = fl.build_commands(launch)
+    if spec.router and dry_run:
+        notes.append("--router: the router starts once the servers are healthy, on free ports; `dqa fleet up --router` starts it (not this script)")
     return PreparedLaunch(spec=spec, launch=launch, commands=commands, stage=stage_pair, notes=notes)
 
 
@@ -172,7 +175,7 @@ def _refuse_to_overwrite(fleet: Path, force: bool) -> None:
         old = None
     if old is None:
         return
-    if any(fl.endpoint_alive(e) for e in old.endpoints):
+    if any(fl.endpoint_alive(e) for e in old.endpoints + ([old.router] if old.router else [])):
         raise UsageError(f"{fleet} records a fleet that is still running; `dqa fleet down --fleet {fleet}` first or pass another --fleet")
     remote = [e for e in old.endpoints if not fl.is_local_host(e.host)]
     running = next((e for e in remote if fl.probe_health(e.url, "/health", timeout=3.0)), None)
@@ -201,7 +204,9 @@ def _sigterm_as_interrupt():
 
 
 def launch_fleet(spec: FleetSpec, events: LaunchEvents | None = None) -> LaunchResult:
-    """Start one server per GPU, write the fleet file, and wait until every server is healthy.
+    """Start one server per GPU, write the fleet file, and wait until every server is healthy;
+    with ``spec.router``, then start sglang-router in front of them (``fleet.router``), record it in
+    the fleet file and wait until it sees a healthy worker.
 
     The fleet file is written before the wait, so `dqa fleet down` can stop the servers even if
     this process dies. When a server fails (or on Ctrl-C/SIGTERM once they are started) the
@@ -210,12 +215,17 @@ def launch_fleet(spec: FleetSpec, events: LaunchEvents | None = None) -> LaunchR
     ``UsageError``/``InputError`` for bad options (see ``prepare_launch``), a fleet file that
     records a running fleet or cannot be read, or a busy port; ``launch.ServerFailed``
     naming the GPU and log of a server that exited or timed out; ``RuntimeFailure`` when
-    interrupted while waiting.
+    interrupted while waiting, or when the router exits or is not ready in time (servers and
+    router stopped). ``--router`` with a model that is not a local folder, an unknown policy or no
+    sglang-router package is a ``UsageError`` before anything starts.
     """
     events = events or LaunchEvents()
     prepared = prepare_launch(spec)
     fleet = prepared.fleet_path
     _refuse_to_overwrite(fleet, spec.force)
+    if spec.router:  # refused before anything starts
+        tokenizer = str(prepared.stage[0]) if prepared.stage is not None else prepared.launch.model
+        fr.check_router(spec.router_policy, tokenizer, spec.router_port)
 
     if prepared.stage is not None:
         src = prepared.stage[0]
@@ -242,6 +252,8 @@ def launch_fleet(spec: FleetSpec, events: LaunchEvents | None = None) -> LaunchR
             ff.write_fleet(fleet, record)
             with events.waiting(len(servers), spec.engine) as on_progress:
                 fl.wait_healthy(servers, spec.engine, spec.timeout, on_progress=on_progress)
+            if spec.router:
+                _start_router(prepared, record, fleet)
     except BaseException as exc:
         if isinstance(exc, fl.ServerFailed):
             events.server_failed(exc.gpu, exc.log, log_tail(exc.log))
@@ -261,3 +273,22 @@ def launch_fleet(spec: FleetSpec, events: LaunchEvents | None = None) -> LaunchR
             raise RuntimeFailure(what) from None
         raise
     return LaunchResult(fleet_path=fleet, record=record, elapsed_s=time.monotonic() - t0)
+
+
+def _start_router(prepared: PreparedLaunch, record: ff.Fleet, fleet: Path):
+    """Start sglang-router in front of ``record``'s servers (healthy by now), record it in the
+    fleet file before waiting (so `fleet down` can stop it), and wait until it sees a healthy
+    worker; on a failure (or Ctrl-C) the router is stopped again before the error goes on. Returns
+    its process. Raises ``RuntimeFailure`` when it exits or is not ready in time."""
+    spec, launch = prepared.spec, prepared.launch
+    url_host = fl.advertised_host(spec.host, spec.advertise_host)
+    cmd = fr.router_command(record.urls, launch.model, Path(launch.log_dir), spec.host, url_host,
+                            policy=spec.router_policy, port=spec.router_port)  # fmt: skip
+    proc, record.router = fr.start_router(cmd)
+    try:
+        ff.write_fleet(fleet, record)
+        fr.wait_ready(proc, record.router, spec.router_timeout)
+    except BaseException:
+        fl.stop_endpoint(record.router, grace=5.0)
+        raise
+    return proc

@@ -1,0 +1,219 @@
+"""`dqa fleet up --router`: the real SGLang router (PyPI ``sglang-router``, a Rust process) in
+front of the servers a fleet launched, and what `dqa fleet status` reads from it.
+
+``router_command`` builds ``python -m sglang_router.launch_router`` with the policy (``cache_aware``
+by default), the Prometheus port on, ``--tokenizer-path`` the model folder (so it never reaches
+for the network) and ``config.ROUTER_REGEN_FLAGS`` (the request timeout and circuit-breaker
+settings README "Through the SGLang router" recommends). The router takes no port 0, so its ports
+are found by binding port 0 here and handing the number on (``free_port``). ``start_router`` runs
+it in its own session with its log in the fleet's log folder and returns its fleet-file record (an
+``Endpoint`` with ``metrics_url``); ``wait_ready`` waits for ``/readiness`` (200 once a worker is
+healthy behind it). ``router_status`` reads its Prometheus port: per worker health
+(``smg_worker_health``), circuit state (``smg_worker_cb_state``: 0 closed, 1 open, 2 half open) and
+requests in flight, the router's retries (``smg_worker_retries_total``,
+``smg_worker_retries_exhausted_total``) and upstream replies by status code
+(``smg_router_upstream_responses_total``): the names the 0.3.2 router exposes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from dqa.errors import RuntimeFailure, UsageError
+from dqa.regen.config import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES, ROUTER_REGEN_FLAGS
+from dqa.regen.fleet.file import Endpoint, Fleet
+from dqa.regen.wire.http_probe import answers_ok, http_get
+
+ROUTER_MODULE = "sglang_router.launch_router"
+CB_STATES = {0: "closed", 1: "open", 2: "half_open"}  # smg_worker_cb_state's values (its HELP text)
+
+
+def check_router(policy: str, tokenizer: str, port: int = 0) -> None:
+    """Raise ``UsageError`` for an unknown ``policy``, a ``port`` outside 0-65535, a ``tokenizer``
+    that is not a local folder (the router would reach for the network), or a Python without the
+    sglang-router package."""
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--router-port {port}: expected 0 (a free port) to 65535")
+    if policy not in ROUTER_POLICIES:
+        raise UsageError(f"--router-policy {policy!r}: expected one of {', '.join(ROUTER_POLICIES)}")
+    if not Path(tokenizer).is_dir():
+        raise UsageError(f"--router needs the model as a local folder (its tokenizer); {tokenizer} is not one")
+    try:
+        found = importlib.util.find_spec("sglang_router") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise UsageError(f"--router: the sglang-router package is not installed for {sys.executable} (pip install sglang-router==0.3.2)")
+
+
+def free_port(host: str) -> int:
+    """A port free on ``host`` right now: the one the OS gives a socket bound to port 0."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class RouterCommand:
+    """The router's argument list, its URLs and its log."""
+
+    argv: list[str]
+    url: str
+    metrics_url: str
+    host: str
+    port: int
+    log: Path
+
+
+def router_command(workers: Sequence[str], tokenizer: str, log_dir: Path, bind_host: str, url_host: str,
+                   policy: str = DEFAULT_ROUTER_POLICY, port: int = 0, metrics_port: int = 0) -> RouterCommand:
+    """The command that starts the router in front of ``workers`` (base URLs), bound on
+    ``bind_host`` and reached as ``url_host``; ``port``/``metrics_port`` 0: a free one each."""
+    port = port or free_port(bind_host)
+    metrics_port = metrics_port or free_port(bind_host)
+    while metrics_port == port:
+        metrics_port = free_port(bind_host)
+    argv = [sys.executable, "-m", ROUTER_MODULE, "--host", bind_host, "--port", str(port),
+            "--worker-urls", *workers, "--policy", policy,
+            "--prometheus-host", bind_host, "--prometheus-port", str(metrics_port),
+            "--tokenizer-path", str(tokenizer), *ROUTER_REGEN_FLAGS]  # fmt: skip
+    host = f"[{url_host}]" if ":" in url_host else url_host
+    return RouterCommand(argv, f"http://{host}:{port}", f"http://{host}:{metrics_port}", url_host, port, Path(log_dir) / "router.log")
+
+
+def start_router(cmd: RouterCommand) -> tuple[subprocess.Popen, Endpoint]:
+    """Start the router in its own session (Ctrl-C on dqa does not stop it), output appended to
+    its log. Returns the process and its fleet-file record. Raises ``RuntimeFailure`` when it
+    cannot be started."""
+    import psutil
+
+    cmd.log.parent.mkdir(parents=True, exist_ok=True)
+    with open(cmd.log, "ab") as log:
+        log.write(f"\n=== dqa fleet up: router: {' '.join(cmd.argv)}\n".encode())
+        log.flush()
+        try:
+            proc = subprocess.Popen(cmd.argv, env=dict(os.environ), stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)  # fmt: skip
+        except OSError as exc:
+            raise RuntimeFailure(f"router: cannot start {cmd.argv[0]!r}: {exc.strerror or exc}") from None
+    try:
+        started = psutil.Process(proc.pid).create_time()
+    except psutil.Error:
+        started = time.time()
+    ep = Endpoint(url=cmd.url, pid=proc.pid, log=str(cmd.log.resolve()), host=cmd.host, cmd=list(cmd.argv),
+                  port=cmd.port, started=started, metrics_url=cmd.metrics_url)  # fmt: skip
+    return proc, ep
+
+
+def wait_ready(proc: subprocess.Popen, ep: Endpoint, timeout: float, poll_s: float = 0.3) -> None:
+    """Wait until the router's ``/readiness`` is 200 (a worker is healthy behind it). Raises
+    ``RuntimeFailure`` naming its log when it exits or is not ready within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not answers_ok(ep.url + "/readiness", 2.0):
+        rc = proc.poll()
+        if rc is not None:
+            raise RuntimeFailure(f"router ({ep.url}) exited with code {rc} before it was ready; log: {ep.log}")
+        if time.monotonic() > deadline:
+            raise RuntimeFailure(f"router ({ep.url}/readiness) not ready after {timeout:.0f} s; log: {ep.log}")
+        time.sleep(poll_s)
+
+
+@dataclass
+class RouterWorker:
+    """One worker as the router sees it: health 1/0, circuit state, requests in flight."""
+
+    url: str
+    healthy: bool | None = None
+    circuit: str | None = None  # closed | open | half_open
+    active: float | None = None
+
+
+@dataclass
+class RouterStatus:
+    """The router's state: ``up`` (``/health`` 200), ``ready`` (``/readiness`` 200: a healthy
+    worker), and from its metrics port (``source`` "metrics", else "none" with a ``note``) its
+    workers, retries, retries exhausted and upstream replies by status code."""
+
+    url: str
+    metrics_url: str | None
+    up: bool
+    ready: bool
+    process: str | None = None
+    source: str = "none"
+    workers: list[RouterWorker] = field(default_factory=list)
+    retries_total: float | None = None
+    retries_exhausted_total: float | None = None
+    responses: dict[str, float] = field(default_factory=dict)
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+def parse_metrics(text: str, st: RouterStatus) -> None:
+    """Fill ``st`` from the router's Prometheus text (``prometheus_client``'s parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    workers: dict[str, RouterWorker] = {}
+    retries = exhausted = None
+    responses: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            url = s.labels.get("worker")
+            if s.name == "smg_worker_health" and url:
+                workers.setdefault(url, RouterWorker(url)).healthy = s.value >= 1
+            elif s.name == "smg_worker_cb_state" and url:
+                workers.setdefault(url, RouterWorker(url)).circuit = CB_STATES.get(int(s.value), str(s.value))
+            elif s.name == "smg_worker_requests_active" and url:
+                workers.setdefault(url, RouterWorker(url)).active = s.value
+            elif s.name == "smg_worker_retries_total":
+                retries = (retries or 0.0) + s.value
+            elif s.name == "smg_worker_retries_exhausted_total":
+                exhausted = (exhausted or 0.0) + s.value
+            elif s.name == "smg_router_upstream_responses_total":
+                code = s.labels.get("status_code", "?")
+                responses[code] = responses.get(code, 0.0) + s.value
+    st.workers = sorted(workers.values(), key=lambda w: w.url)
+    # The counters appear once the router first counts one; with the metrics port answering, none yet is 0.
+    st.retries_total, st.retries_exhausted_total, st.responses = retries or 0.0, exhausted or 0.0, responses
+    st.source = "metrics"
+
+
+def router_status(ep: Endpoint, timeout: float, process: str | None = None) -> RouterStatus:
+    """Probe the router of a fleet file: ``/health``, ``/readiness``, then its metrics port."""
+    r = http_get(ep.url + "/health", timeout)
+    st = RouterStatus(url=ep.url, metrics_url=ep.metrics_url, up=r is not None and r.status_code == 200,
+                      ready=answers_ok(ep.url + "/readiness", timeout), process=process)  # fmt: skip
+    if not ep.metrics_url:
+        st.note = "no metrics URL recorded"
+        return st
+    m = http_get(ep.metrics_url + "/metrics", timeout)
+    if m is None or m.status_code != 200:
+        st.note = f"metrics unavailable ({ep.metrics_url}/metrics: {'no answer' if m is None else m.status_code})"
+        return st
+    parse_metrics(m.text, st)
+    return st
+
+
+def fleet_router_status(fleet: Fleet, timeout: float) -> RouterStatus | None:
+    """``router_status`` of the fleet's router, with whether its recorded process still runs
+    (on this machine); None when the fleet has no router."""
+    from dqa.regen.fleet.launch import is_local_host, verify_process
+
+    ep = fleet.router
+    if ep is None:
+        return None
+    process = None
+    if ep.pid is not None and is_local_host(ep.host):
+        process = "running" if verify_process(ep)[0] is not None else "not running"
+    return router_status(ep, timeout, process)
