@@ -221,3 +221,27 @@ def test_without_the_sglang_router_package_router_is_refused_with_the_install_li
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sglang_router" else real(name, *a))
     with pytest.raises(UsageError, match=r"sglang-router package is not installed .*pip install sglang-router==0.3.2"):
         fr.check_router("cache_aware", str(qwen3_tokenizer_dir()))
+
+
+def test_plan_calibrate_sends_to_the_router_a_fleet_file_records_not_to_its_servers(tmp_path):
+    """The fleet file's servers are dead ports; its router answers (an SGLang stand-in standing in
+    for it): calibration asks the router whether it is up and sends every prompt to it, as
+    `dqa regen --fleet` does."""
+    from fleet_helpers import free_port_base
+    from servers.sglang_contract import StubServer
+
+    from dqa.regen.fleet import file as ff
+    from dqa.regen.plan.calibrate import calibrate
+
+    base = free_port_base(2)
+    eps = [ff.Endpoint(url=f"http://127.0.0.1:{base + i}", gpu=str(i)) for i in range(2)]  # nothing listens there
+    front = StubServer(tmp_path / "router").start()
+    try:
+        fleet = ff.write_fleet(tmp_path / "fleet.json", ff.Fleet("sglang", "sglang", "/m", eps, router=ff.Endpoint(url=front.url)))
+        data, scan = write_failing_set(tmp_path, n=4)
+        cal = calibrate(data, scan / "findings.parquet", 4, fleet, [], out=tmp_path / "run", max_new_tokens=16, down_deadline=10.0)
+    finally:
+        front.stop()
+    assert (cal.done, cal.failed, cal.endpoints) == (4, 0, 1)
+    rows = read_shards(tmp_path / "run").to_pylist()
+    assert sorted(r["row"] for r in rows) == [0, 1, 2, 3] and {r["endpoint"] for r in rows} == {front.url}

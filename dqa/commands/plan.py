@@ -24,7 +24,7 @@ def plan(
     tok_per_gpu: Optional[float] = typer.Option(None, "--tok-per-gpu", help="Output tokens/s per GPU (times --gpus)."),
     req_per_s: Optional[float] = typer.Option(None, "--req-per-s", help="Completed requests/s of the fleet (times --avg-output-tokens)."),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs in the fleet, >= 1 (default 1, or the endpoints of --fleet)."),
-    fleet: List[Path] = typer.Option([], "--fleet", "-f", help="Fleet file: its endpoint count is the GPU count (and --calibrate's servers); repeatable, one per node: the GPUs of all of them."),
+    fleet: List[Path] = typer.Option([], "--fleet", "-f", help="Fleet file: its endpoint count is the GPU count; --calibrate sends where regen --fleet does (its router, if it records one). Repeatable, one per node: the GPUs of all of them."),
     gpu_hour_cost: Optional[float] = typer.Option(None, "--gpu-hour-cost", help="Price per GPU-hour, e.g. 3.857 ($27/h for 7 GPUs)."),
     fleet_hour_cost: Optional[float] = typer.Option(
         None, "--fleet-hour-cost",

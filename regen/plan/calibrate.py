@@ -108,7 +108,8 @@ def calibrate(
 ) -> Calibration:
     """Regenerate the first ``sample`` failing prompts of ``dataset`` on the fleet (``fleet``: one
     fleet file or several, one per node; else ``endpoints``) (a real, in-process ``dqa regen``
-    run: ``dqa.regen.run.regenerate``) and return what it measured.
+    run: ``dqa.regen.run.regenerate``) and return what it measured. A fleet file that records a
+    router is calibrated through the router, as `dqa regen --fleet` sends (``FleetSet.send_urls``).
 
     The run's folder is ``out`` (kept, resumable), or a temporary one that is removed. Raises
     ``UsageError`` for a non-positive sample, ``InputError`` for bad inputs (from regen), and
@@ -123,11 +124,12 @@ def calibrate(
     if sample < 1:
         raise UsageError(f"--sample {sample}: must be >= 1")
     # (URL, the path that says it is up): bare endpoints get the kind of the protocol they are
-    # asked to speak, a fleet's endpoints their engine's.
+    # asked to speak, a fleet's its engine's. A fleet is asked where `dqa regen --fleet` sends
+    # (``send_urls``): its router when the file records one, else its servers.
     probes = [(u, up_path(protocol)) for u in endpoints]
     fleet_files = fleet_paths(fleet)
     if fleet_files:
-        probes = [(u, up_path(f.engine)) for f in read_fleets(fleet_files).fleets for u in f.urls]
+        probes = [(u, up_path(f.engine)) for f in read_fleets(fleet_files).fleets for u in f.send_urls]
     from dqa.regen.wire.http_policy import HttpPolicy
 
     policy = HttpPolicy(ca_bundle)  # the same TLS trust and proxies as the regen run below
