@@ -526,9 +526,16 @@ def _prior_working_time(prior: dict[str, Any], out: Path) -> float:
 
 
 def _keep_endpoint_counts(progress: Progress, prior: dict[str, Any]) -> None:
-    """A rerun with nothing to do keeps the per-endpoint counts the run finished with."""
+    """A rerun with nothing to do keeps the per-endpoint counts the run finished with, and its
+    consecutive-turn figures (same-endpoint share, turns moved)."""
     from dqa.regen.dispatch.progress import EndpointCounts
 
+    with contextlib.suppress(TypeError, ValueError):
+        n = int(prior.get("consecutive_turns") or 0)
+        share = prior.get("same_endpoint_share")
+        if n > 0 and share is not None:
+            progress.consecutive_turns, progress.same_endpoint = n, round(float(share) * n)
+        progress.turns_moved = int(prior.get("turns_moved") or 0)
     eps = prior.get("endpoints")
     if not isinstance(eps, dict):
         return

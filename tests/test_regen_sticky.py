@@ -14,6 +14,7 @@ loopback), whose ``cached_tokens`` comes from a per-process, token-exact prefix 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections import defaultdict
@@ -88,20 +89,43 @@ def same_endpoint_share(rows: dict[int, list[dict]]) -> float:
     return sum(a == b for a, b in pairs) / len(pairs)
 
 
+def moved_turns(rows: dict[int, list[dict]]) -> int:
+    return sum(a["endpoint"] != b["endpoint"] for recs in rows.values() for a, b in zip(recs, recs[1:]))
+
+
+def reported(progress: dict) -> tuple:
+    return progress["consecutive_turns"], progress["same_endpoint_share"], progress["turns_moved"], progress["turns_parked"]
+
+
 @pytest.mark.parametrize("slow_factor", [1, 6], ids=["equal-speed", "one-6x-slower"])
-def test_consecutive_turns_of_a_conversation_stay_on_the_endpoint_that_holds_their_prefix(slow_factor, qwen3, dataset, tmp_path):
+def test_consecutive_turns_of_a_conversation_stay_on_the_endpoint_that_holds_their_prefix(slow_factor, qwen3, dataset, tmp_path, cli):
     """Two endpoints, of equal speed or one six times slower: >= 90% of consecutive turns of a
     conversation are answered by the same endpoint (least-in-flight dispatch alone, as before: about
     0.9 and 0.8 here), both endpoints take conversations, every (row, turn) is recorded once.
-    A turn sent where the previous one ran finds that turn's whole prompt cached."""
+    A turn sent where the previous one ran finds that turn's whole prompt cached. progress.json
+    reports the share the shards show and the turns moved; a rerun with nothing to do keeps them,
+    and its summary line says them."""
     tok, _ = qwen3
     lat, jitter = 0.02, 0.03
     with StubServer(tmp_path / "a", "--latency-s", str(lat), "--latency-jitter-s", str(jitter)) as a, \
             StubServer(tmp_path / "b", "--latency-s", str(lat * slow_factor), "--latency-jitter-s", str(jitter * slow_factor)) as b:
         res, logs = regen(dataset, tok, tmp_path / "out", [a.url, b.url])
+        again = cli("regen", dataset, "--all", "--turns", "all", "-t", tok, "-e", a.url, "-e", b.url, "--out", tmp_path / "out")
     assert res.exit_code == 0, (res.message, logs)
     rows = turns_by_row(tmp_path / "out")
-    assert same_endpoint_share(rows) >= 0.9
+    share = same_endpoint_share(rows)
+    assert share >= 0.9
+    # Without retries (no endpoint taken out, cancelling its requests), each turn answered away from
+    # the endpoint of the turn before was moved there by the dispatcher.
+    expected = (sum(TURNS) - CONVERSATIONS, round(share, 4), moved_turns(rows), 0)
+    if any("taken out" in m for m in logs):  # a health probe timed out on a loaded machine
+        expected = expected[:2] + (res.progress["turns_moved"], 0)
+        assert res.progress["turns_moved"] <= moved_turns(rows)
+    assert reported(res.progress) == expected
+    assert reported(json.loads((tmp_path / "out" / "progress.json").read_text())) == expected
+    assert again.exit_code == 0, again.stderr
+    (line,) = again.stdout.splitlines()
+    assert f"{share:.0%} of {expected[0]} next turns on the same endpoint ({expected[2]} moved)" in line
     assert {r["endpoint"] for recs in rows.values() for r in recs} == {a.url, b.url}
     for recs in rows.values():
         assert recs[0]["cached_tokens"] < recs[0]["prompt_len"] // 2  # a new conversation: little in any cache
@@ -122,6 +146,11 @@ def test_a_conversation_moves_when_its_endpoint_is_killed_mid_run_and_sticks_to_
     assert res.exit_code == 0, (res.message, logs)
     assert not a.alive()
     rows = turns_by_row(tmp_path / "out")
+    n, share, moved, parked = reported(res.progress)
+    assert (n, share, parked) == (sum(TURNS) - CONVERSATIONS, round(same_endpoint_share(rows), 4), 0)
+    # The turns in flight on A when it died went to B as retries, which turns_moved does not count;
+    # every turn the dispatcher moved was answered by B, after a turn A answered.
+    assert moved_turns(rows) >= moved and moved_turns(rows) > 0
     moved = [recs for recs in rows.values() if any(p["endpoint"] == a.url and c["endpoint"] == b.url for p, c in zip(recs, recs[1:]))]
     assert moved, "no conversation moved from the killed endpoint"
     for recs in moved:
@@ -160,7 +189,7 @@ def test_a_next_turn_waits_for_its_full_endpoint_up_to_the_sticky_wait_then_move
     waits for A when the wait allows it (10 s), and goes to idle B after a 0.2 s wait."""
     with StubServer(tmp_path / "a", "--latency-s", "1.5") as a, StubServer(tmp_path / "b") as b:
         got, d = _dispatch([a.url, b.url], sticky_wait=10.0, home_of=0)
-        assert got == {0: a.url, 1: a.url} and d.moved == 0
+        assert got == {0: a.url, 1: a.url} and d.moved == 0 == d.progress.snapshot()["turns_moved"]
         got, d = _dispatch([a.url, b.url], sticky_wait=0.2, home_of=0)
-        assert got == {0: a.url, 1: b.url} and d.moved == 1
+        assert got == {0: a.url, 1: b.url} and d.moved == 1 == d.progress.snapshot()["turns_moved"]
         assert not d.home and d.parked == 0  # forgotten once its (last) turn is done

@@ -118,5 +118,7 @@ def _summary(p: dict, out: str) -> str:
         parts.append(f"{p['truncated']:,} truncated (status length)")
     if p.get("failed"):
         parts.append(f"{p['failed']:,} failed")
+    if p.get("same_endpoint_share") is not None:  # a multi-turn run: where its next turns went
+        parts.append(f"{p['same_endpoint_share']:.0%} of {p['consecutive_turns']:,} next turns on the same endpoint ({p.get('turns_moved', 0):,} moved)")
     cost = f", cost {p['cost_so_far']:.2f}" if p.get("gpu_hour_cost") else ""
     return f"dqa regen: {', '.join(parts)} -> {out} in {p.get('elapsed_s', 0):.1f}s{cost}"

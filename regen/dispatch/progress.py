@@ -87,6 +87,13 @@ class Progress:
     output_tokens: int = 0
     session_done: int = 0
     session_output_tokens: int = 0
+    # Multi-turn runs, this session: consecutive turns of a conversation both answered (turn k + 1
+    # recorded after turn k), how many of them by the same endpoint; next turns the dispatcher sent
+    # away from their endpoint, and those waiting for it now (scheduler.py's sticky dispatch).
+    consecutive_turns: int = 0
+    same_endpoint: int = 0
+    turns_moved: int = 0
+    turns_parked: int = 0
     state: str = "running"
     endpoints: dict[str, EndpointCounts] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
@@ -130,6 +137,16 @@ class Progress:
         self.output_tokens += output_tokens
         self.session_output_tokens += output_tokens
 
+    def record_consecutive(self, same: bool) -> None:
+        """A conversation's turn was answered after its previous turn; ``same``: by the same endpoint."""
+        self.consecutive_turns += 1
+        self.same_endpoint += bool(same)
+
+    def same_endpoint_share(self) -> float | None:
+        """Share of this session's consecutive turns answered by the same endpoint; ``None`` when
+        there were none (a single-turn run)."""
+        return self.same_endpoint / self.consecutive_turns if self.consecutive_turns else None
+
     def _rates(self, now: float) -> tuple[float, float]:
         s = self._samples
         s.append((now, self.session_done, self.session_output_tokens))
@@ -172,6 +189,10 @@ class Progress:
             "gpu_hour_cost": self.gpu_hour_cost,
             "cost_so_far": round(cost, 4),
             "cost_projected": round(cost + (eta or 0.0) * rate, 4) if (eta is not None or remaining == 0) else None,
+            "consecutive_turns": self.consecutive_turns,
+            "same_endpoint_share": None if (share := self.same_endpoint_share()) is None else round(share, 4),
+            "turns_moved": self.turns_moved,
+            "turns_parked": self.turns_parked,
             "endpoints": {
                 url: {"healthy": e.healthy, "in_flight": e.in_flight, "done": e.done, "failed": e.failed, "output_tokens": e.output_tokens}
                 for url, e in self.endpoints.items()
@@ -201,6 +222,8 @@ def render(snap: dict[str, Any]):
         f"{snap['req_per_s']:.1f} req/s | {snap['output_tok_per_s']:,.0f} out tok/s | mean out {snap['mean_output_tokens']:,.0f} tok"
         f" | in flight {snap['in_flight']} | elapsed {human_duration(snap['elapsed_s'])} | ETA {human_duration(snap['eta_s'])}{cost}"
     )
+    if snap.get("same_endpoint_share") is not None:
+        line += f" | same endpoint {snap['same_endpoint_share']:.0%} of {snap['consecutive_turns']:,} next turns, {snap['turns_moved']:,} moved"
     eps = Table(box=None, padding=(0, 1), show_edge=False)
     for c in ("endpoint", "health", "in flight", "done", "failed", "out tokens"):
         eps.add_column(c, justify="left" if c == "endpoint" else "right")

@@ -154,9 +154,28 @@ class Dispatcher:
         self._rng = random.Random(0)
         self._sent: set[asyncio.Task] = set()  # attempts whose request may have reached the server
         # Sticky conversations: row -> the endpoint that answered its latest turn, while it has turns to go.
+        # (Kept without sticky dispatch too: progress.json's same-endpoint share is read off it.)
         self.home: dict[int, Endpoint] = {}
-        self.parked = 0  # next turns waiting for their endpoint (the sum of the endpoints' parked queues)
-        self.moved = 0  # next turns sent elsewhere than the endpoint that answered the turn before
+
+    @property
+    def parked(self) -> int:
+        """Next turns waiting for their endpoint now (the sum of the endpoints' parked queues;
+        progress.json's ``turns_parked``)."""
+        return self.progress.turns_parked
+
+    @parked.setter
+    def parked(self, n: int) -> None:
+        self.progress.turns_parked = n
+
+    @property
+    def moved(self) -> int:
+        """Next turns this session sent elsewhere than the endpoint that answered the turn before
+        (progress.json's ``turns_moved``)."""
+        return self.progress.turns_moved
+
+    @moved.setter
+    def moved(self, n: int) -> None:
+        self.progress.turns_moved = n
 
     # -- public control -----------------------------------------------------------------
     def request_stop(self) -> None:
@@ -289,7 +308,7 @@ class Dispatcher:
                 self._pop(from_retry)
                 self._record_failure(job, None, job.error, 0.0)
                 continue
-            home = self.home.get(job.row) if job.last_endpoint is None else None  # a retry goes elsewhere
+            home = self.home.get(job.row) if job.last_endpoint is None and self.s.sticky else None  # a retry goes elsewhere
             if home is not None and home.healthy:
                 self._pop(from_retry)
                 if home.in_flight < cap and not home.parked:
@@ -505,9 +524,11 @@ class Dispatcher:
         # turn; its record is appended first, so the journal holds turn k before turn k + 1 (a resume
         # never sees a later turn without the earlier one). A length cut ends the conversation.
         nxt = job.next_job(outcome.output_ids) if status == "ok" and hasattr(job, "next_job") else None
+        before = self.home.get(job.row) if self.home else None  # the endpoint that answered the turn before
+        if before is not None:
+            self.progress.record_consecutive(before is ep)
         if nxt is not None:
-            if self.s.sticky:
-                self.home[job.row] = ep  # its next turn goes back here
+            self.home[job.row] = ep  # sticky: its next turn goes back here
             self.progress.record_turn(n)
             self._requeue_now(nxt)
         else:
