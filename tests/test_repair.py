@@ -153,3 +153,23 @@ def _kill_and_compare(tmp_path, stub, small_set):
     assert [{k: r.get(k) for k in keys} for r in record(work)["rounds"]] == \
         [{k: r.get(k) for k in keys} for r in record(clean_work)["rounds"]]
     assert record(work)["final"]["still_failing"] == record(clean_work)["final"]["still_failing"]
+
+
+def test_two_fleet_files_one_per_node_are_the_servers_of_every_round(tmp_path, small_set):
+    """`--fleet` twice (one file per node, written by hand here, each naming a stand-in server):
+    the round's regen run sends to the servers of both, repair.json records both files, and a
+    round is priced at the GPUs of both (1 + 2)."""
+    from dqa.regen.fleet.file import Endpoint, Fleet, write_fleet
+
+    with StubServer(tmp_path / "a", *FAULTS, name="a") as a, StubServer(tmp_path / "b", *FAULTS, name="b") as b:
+        node_a = write_fleet(tmp_path / "node-a.json", Fleet("sglang", "sglang", "stub", [Endpoint(url=a.url, gpu="0")]))
+        node_b = write_fleet(tmp_path / "node-b.json", Fleet("sglang", "sglang", "stub", [Endpoint(url=b.url, gpu="0,1")]))
+        work = tmp_path / "work"
+        dqa(tmp_path, "repair", small_set, "--fleet", node_a, "--fleet", node_b, "-t", "qwen3.6", "--rounds", "1",
+            "--gpu-hour-cost", "2", "--out", tmp_path / "v2.parquet", "--work", work, ok=(0, 1))
+    rec = record(work)
+    assert rec["options"]["regen.fleet"] == [str(node_a), str(node_b)]
+    (progress,) = [json.loads(p.read_text()) for p in work.rglob("progress.json")]
+    assert progress["gpus"] == 3 and progress["failed"] == 0
+    assert set(progress["endpoints"]) == {a.url, b.url} and all(e["done"] > 0 for e in progress["endpoints"].values())
+    assert rec["rounds"][0]["cost_usd"] > 0

@@ -16,7 +16,7 @@ def repair(
     dataset: Path = typer.Argument(..., help="The dataset to repair (any format `dqa scan` reads).", show_default=False),
     out: Path = typer.Option(..., "--out", "-o", help="The release to write (a new path; same format as DATASET).", show_default=False),
     endpoint: List[str] = typer.Option([], "--endpoint", "-e", help="A generation server's URL (repeatable)."),
-    fleet: Optional[str] = typer.Option(None, "--fleet", help="A fleet file from `dqa fleet up` instead of --endpoint."),
+    fleet: List[str] = typer.Option([], "--fleet", help="A fleet file from `dqa fleet up` instead of --endpoint; repeatable, one per node: the servers are their union."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", "-t", help="Tokenizer folder or preset (qwen3, qwen3.6) for the scans, regen and the gate."),
     rounds: int = typer.Option(DEFAULT_ROUNDS, "--rounds", help="At most this many rounds of regen + merge + rescan."),
     budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="Start no round whose planned cost would pass this (needs --gpu-hour-cost)."),
@@ -68,7 +68,9 @@ def _run(dataset, out, endpoint, fleet, tokenizer, rounds, budget_usd, gpu_hour_
 
     from dqa.repair import RepairOptions, repair as run_repair
 
-    regen = {"endpoints": tuple(endpoint), "fleet": fleet, "max_new_tokens": max_new_tokens, "max_in_flight": max_in_flight,
+    # One fleet file is recorded as its path, as before several could be given (a work folder
+    # started then still resumes); several as the list of paths.
+    regen = {"endpoints": tuple(endpoint), "fleet": fleet[0] if len(fleet) == 1 else tuple(fleet), "max_new_tokens": max_new_tokens, "max_in_flight": max_in_flight,
              "protocol": protocol, "turns": turns, "gpu_hour_cost": gpu_hour_cost}
     if gpus is not None:
         regen["gpus"] = gpus

@@ -35,7 +35,7 @@ FAILED_CHOICES = ("keep", "drop")
 @dataclass(frozen=True)
 class RepairOptions:
     """What a repair may do. ``regen``: ``dqa.regenerate``'s flat keywords (``endpoints``,
-    ``fleet``, ``max_new_tokens``, ``max_in_flight``, ``protocol``, ``turns``, ``gpus``,
+    ``fleet`` (one fleet file or a tuple of several, one per node), ``max_new_tokens``, ``max_in_flight``, ``protocol``, ``turns``, ``gpus``,
     ``gpu_hour_cost``, ...), used in every round; ``rounds``: at most this many; ``budget_usd``: no
     round starts that the plan says would go past it (cost from ``gpu_hour_cost`` x ``gpus``);
     ``failed``: ``keep`` (rows still failing stay as the last round left them) or ``drop`` (in any
@@ -62,7 +62,7 @@ class RepairOptions:
             if not self.regen.get("gpu_hour_cost"):
                 raise UsageError("--budget-usd needs --gpu-hour-cost (and --gpus, or a fleet file) to price a round")
         if not self.regen.get("endpoints") and not self.regen.get("fleet"):
-            raise UsageError("give the servers: --endpoint URL (repeatable) or --fleet FILE")
+            raise UsageError("give the servers: --endpoint URL (repeatable) or --fleet FILE (repeatable)")
 
     def recorded(self) -> dict[str, Any]:
         """The options as ``repair.json`` records them (what a rerun must repeat)."""
