@@ -80,6 +80,15 @@ def test_fleet_up_router_regen_goes_through_it_once_status_reads_its_metrics_dow
         assert table.returncode == 0 and f"router {router['url']}: up, ready" in table.stdout
         assert f"worker {workers[0]}: healthy, circuit closed" in table.stdout
 
+        # `dqa plan --calibrate --fleet` sends where regen does: 3 more requests through the router.
+        c = dqa("plan", "--calibrate", "--fleet", fleet, "--dataset", data, "--findings", scan, "--sample", "3",
+                "--max-new-tokens", "16", "--calibrate-out", tmp_path / "calibrate", "--json", cwd=tmp_path, timeout=240)  # fmt: skip
+        assert c.returncode == 0, c.stderr
+        assert json.loads(c.stdout)["calibration"]["done"] == 3
+        assert set(read_shards(tmp_path / "calibrate").column("endpoint").to_pylist()) == {router["url"]}
+        rs = json.loads(dqa("fleet", "status", "--fleet", fleet, "--json", cwd=tmp_path).stdout)["router"]
+        assert rs["responses"] == {"200": 9}
+
         # Both workers answer 500 now: the router retries each request across them and gives up;
         # status reads the retries, the exhausted requests and the 500s off its metrics port.
         for u in workers:
