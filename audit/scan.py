@@ -56,7 +56,9 @@ class ScanOptions:
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     batch_rows: int = 2048
     last_turn_only: bool = False  # conversation JSONL: train only the last assistant turn (SpecForge's train_only_last_turn)
-    workers: int | None = None  # processes that scan row groups / files; None: 1 (the pool is not yet proven equal or faster)
+    # Processes that scan row groups / files; None: 1. In a library call the caller's process may hold
+    # other threads, and the pool forks it: so one unless asked. `dqa scan` defaults to the CPUs.
+    workers: int | None = None
 
 
 @dataclass
@@ -289,7 +291,6 @@ def run_scan(
     if options.thinking not in ("auto", "expected", "off"):
         raise InputError(f"--thinking {options.thinking!r}: expected auto, expected or off")
 
-    # Until findings are tested equal for every N and the pool measured faster, one process by default.
     workers = 1 if options.workers is None else options.workers
     if workers < 1:
         raise InputError(f"--workers {workers}: expected at least 1")

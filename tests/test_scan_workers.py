@@ -61,7 +61,8 @@ def test_findings_turns_and_metrics_are_the_same_for_every_number_of_workers(tmp
             assert summaries[n][key] == summaries[1][key], key
 
 
-def test_workers_below_one_are_refused_naming_the_option(tmp_path, layouts):
+def test_a_negative_worker_count_is_refused_naming_the_option(tmp_path, layouts):
+    # 0 is the default: the CPUs the process may run on
     proc = subprocess.run([sys.executable, "-m", "dqa.cli", "scan", str(layouts["row groups"]), "-t", "qwen3.6", "--out",
-                           str(tmp_path / "s"), "--workers", "0"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert proc.returncode == 2 and "--workers 0" in proc.stderr and "Traceback" not in proc.stderr
+                           str(tmp_path / "s"), "--workers", "-1"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and "--workers -1" in proc.stderr and "Traceback" not in proc.stderr

@@ -57,7 +57,7 @@ def scan(
     set_: List[str] = typer.Option([], "--set", help="Override a threshold: CHECK.PARAM=VALUE (repeatable)."),
     max_fail_share: float = typer.Option(0.0, help="Exit 1 when the failing share exceeds this (0..1)."),
     batch_rows: int = typer.Option(2048, help="Rows per streamed batch (memory is bounded by the batch)."),
-    workers: int = typer.Option(1, "--workers", "-j", help="Processes that scan parquet row groups or files in parallel (findings are the same for every N; formats that cannot be cut without reading them, JSONL and Arrow streams, use one)."),
+    workers: int = typer.Option(0, "--workers", "-j", help="Processes that scan parquet row groups or files in parallel; 0 (the default): the CPUs this process may run on (its affinity: taskset -c 0 means 1). Findings are the same for every N; formats that cannot be cut without reading them (JSONL, Arrow streams, conversations) and sets of one batch use one."),
     last_turn_only: bool = typer.Option(False, "--last-turn-only", help="Conversation JSONL: train only the last assistant turn (SpecForge's train_only_last_turn; default: every assistant turn)."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout instead of the table."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table, no progress; exit code only."),
@@ -83,7 +83,7 @@ def scan(
 
 @handles_errors
 def _run(dataset, tokenizer, out, ids_column, mask_column, labels_column, id_column, thinking, checks, skip, config,
-         set_, max_fail_share, batch_rows, as_json, quiet, last_turn_only=False, workers=1) -> int:
+         set_, max_fail_share, batch_rows, as_json, quiet, last_turn_only=False, workers=0) -> int:
     from dqa import api
     from dqa.errors import UsageError
 
@@ -91,6 +91,12 @@ def _run(dataset, tokenizer, out, ids_column, mask_column, labels_column, id_col
         raise UsageError("missing DATASET (see dqa scan --help)")
     if not 0.0 <= max_fail_share <= 1.0:
         raise UsageError(f"--max-fail-share {max_fail_share}: expected a share between 0 and 1")
+    if workers < 0:
+        raise UsageError(f"--workers {workers}: expected 0 (the CPUs this process may run on) or a count of processes")
+    if workers == 0:
+        from dqa.audit.scan_workers import default_workers
+
+        workers = default_workers()
     show = stderr_is_tty() and not quiet and not as_json
     with _progress_bar(show) as (on_start, update):
         result = api.scan(dataset, tokenizer, out=out, checks=checks, skip=skip, config=config, thresholds=set_,
