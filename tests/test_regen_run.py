@@ -23,6 +23,7 @@ from servers.sglang_contract import StubServer
 PROGRESS_FIELDS = {
     "state", "total", "done", "ok", "failed", "truncated", "in_flight", "elapsed_s", "req_per_s", "output_tok_per_s",
     "mean_output_tokens", "eta_s", "gpus", "gpu_hour_cost", "cost_so_far", "cost_projected", "endpoints", "updated_at",
+    "consecutive_turns", "same_endpoint_share", "turns_moved", "turns_parked",  # sticky dispatch (FORMATS.md)
 }
 FAST = dict(health_interval=0.5, health_timeout=2.0, backoff_base=0.05, backoff_max=0.3, live=False, install_signal_handlers=False)
 
