@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from fleet_helpers import free_port_base
+from servers.sglang_contract import stop_process
 
 
 def _router_missing() -> str | None:
@@ -96,10 +97,4 @@ class Router:
         return sum(v for (n, lab), v in self.metrics().items() if n == name and set(labels.items()) <= set(lab))
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)

@@ -1345,6 +1345,17 @@ def main(argv: list[str] | None = None) -> None:
 # ---------------------------------------------------------------------------- test-side launcher
 
 
+def stop_process(proc: "subprocess.Popen | None", grace: float = 5.0) -> None:
+    """SIGTERM ``proc`` if it still runs, SIGKILL after ``grace`` seconds; wait for it (None: nothing)."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class StubServer:
     """A stub server running as a real subprocess; for tests and benchmarks.
 
@@ -1398,13 +1409,7 @@ class StubServer:
             self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
     def _call(self, path: str, body: dict | None = None, timeout: float = 5.0) -> Any:
         data = json.dumps(body).encode() if body is not None else None
