@@ -199,8 +199,9 @@ class Dataset:
     def batches_with_rows(self, rows: Iterable[int], batch_rows: int = 4096) -> Iterator[TokenBatch]:
         """Yield token batches that together hold every dataset row in ``rows`` (and maybe others).
 
-        Parquet reads only the row groups holding those rows (located from the file footers);
-        other formats stream from the start and stop after the last wanted row.
+        Parquet reads only the row groups holding those rows (located from the file footers) and
+        yields one single-row batch per wanted row (flattening a whole row group for a few rows cost
+        more than reading it); other formats stream from the start and stop after the last wanted row.
         """
         want = np.unique(np.fromiter(rows, dtype=np.int64))
         if want.size == 0:
@@ -224,12 +225,11 @@ class Dataset:
                         rb = pf.read_row_group(g, columns=self._needed())
                     except (pa.ArrowException, OSError) as exc:
                         raise InputError(f"{f}: unreadable parquet file ({short(exc)})") from None
-                    for piece in rb.to_batches():
-                        piece, _ = flatten_token_lists(piece, tokens, f, start)
-                        yield to_token_batch(piece, self.columns, f, start)
-                        start += piece.num_rows
-                else:
-                    start += n
+                    for row in want[(want >= start) & (want < start + n)]:  # a few rows, not the group's
+                        one = rb.slice(int(row) - start, 1).combine_chunks().to_batches()[0]
+                        piece, _ = flatten_token_lists(one, tokens, f, int(row))
+                        yield to_token_batch(piece, self.columns, f, int(row))
+                start += n
 
 
 def dataset_name(path: str | Path) -> str:

@@ -334,15 +334,18 @@ def test_a_tokenizer_folder_gives_the_same_findings_as_the_preset(cli, rows, tmp
     assert by_folder["degenerate_templates"][0]["text"] == "<think>\n\n</think>\n\nOK.<|im_end|>"
 
 
-def test_templates_are_decoded_from_the_row_groups_that_hold_them(rows, tmp_path):
-    """The 'OK.' rows sit in the last row groups: only those are read back to decode them."""
+def test_templates_are_decoded_from_the_rows_that_hold_them_read_from_their_row_groups(rows, tmp_path):
+    """The 'OK.' rows sit in the last row groups: only those are read back, and only the wanted rows
+    of them are flattened into (single-row) batches."""
     from dqa.audit.readers import open_dataset
     from dqa.audit.scan import run_scan
 
     pq.write_table(table_of(rows), tmp_path / "d.parquet", row_group_size=8)
     ds = open_dataset(tmp_path / "d.parquet")
-    read = [b.start_row for b in ds.batches_with_rows([33, 35])]
-    assert read == [32]  # one 8-row group
+    read = [(b.start_row, b.num_rows) for b in ds.batches_with_rows([33, 35, 41])]
+    assert read == [(33, 1), (35, 1), (41, 1)]
+    whole = {b.start_row + r: b.ids[b.offsets[r]:b.offsets[r + 1]].tolist() for b in ds.batches() for r in range(b.num_rows)}
+    assert [b.ids.tolist() for b in ds.batches_with_rows([33, 35, 41])] == [whole[33], whole[35], whole[41]]
     summary = run_scan(tmp_path / "d.parquet", tmp_path / "o").summary
     assert summary["degenerate_templates"][0]["text"] == "<think>\n\n</think>\n\nOK.<|im_end|>"
     assert summary["degenerate_templates"][0]["example_row"] == 30
