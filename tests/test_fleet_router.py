@@ -118,6 +118,24 @@ def test_fleet_up_router_refuses_a_model_that_is_not_a_local_folder_before_start
     assert not (tmp_path / "f.json").exists() and not (tmp_path / "fleet-logs").exists()
 
 
+def test_fleet_up_router_with_engine_transformers_is_refused_in_one_line_naming_why_before_anything_starts(tmp_path):
+    """sglang-router cannot front `transformers serve` (tests/test_fleet_transformers.py shows it
+    with both real programs): `fleet up --router --engine transformers`, and its --dry-run, stop
+    at once with exit 2 and one line that names the reason and what to do instead."""
+    model = tmp_path / "tiny"
+    model.mkdir()
+    for dry in ([], ["--dry-run"]):
+        r = dqa("fleet", "up", "--engine", "transformers", "--model", model, "--gpus", "0-1", "--fleet", tmp_path / "f.json",
+                "--router", *dry, "--", "--device", "cpu", cwd=tmp_path)  # fmt: skip
+        assert r.returncode == 2 and r.stdout == "", (r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+        assert "--router with --engine transformers: sglang-router (0.3.2) adds SGLang-only fields (ignore_eos," in lines[0]
+        assert "transformers serve answers each with 422 'Unexpected fields in the request'" in lines[0]
+        assert lines[0].endswith("start the fleet without --router (dqa regen --fleet spreads the rows over its servers itself)")
+    assert not (tmp_path / "f.json").exists() and not (tmp_path / "f-logs").exists()
+
+
 def test_bad_router_options_are_usage_errors_before_anything_starts(tmp_path):
     from dqa.tokenizer_files import qwen3_tokenizer_dir
 

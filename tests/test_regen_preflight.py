@@ -89,6 +89,20 @@ def test_versions_reserve_and_cap_follow_sglang():
     assert facts_from(None, {"data": [{"id": "m"}]}).kind == "openai" and facts_from(None, None).kind == "unknown"
 
 
+def test_a_router_whose_workers_answer_but_say_no_context_length_is_refused_saying_that_not_that_they_did_not_answer():
+    from dqa.regen.servers.facts import through_router, unknown_context
+
+    # sglang-router 0.3.2's own replies, and the /v1/models of a `transformers serve` worker (no max_model_len).
+    f = facts_from({"router_manager": True, "routers_count": 1, "workers_count": 1}, {"data": [{"id": "unknown"}]})
+    worker = facts_from(None, {"object": "list", "data": [{"id": "/m", "owned_by": "local", "object": "model"}]})
+    through_router(f, ["http://w:1"], [worker])
+    msg = unknown_context("http://r:1", f)
+    assert "1 of its 1 workers (GET /workers) answered, but none said its context length" in msg
+    assert "none of its" not in msg and msg.endswith("less their speculative reserve when they use one)")
+    through_router(f, ["http://w:1"], [facts_from(None, None)])  # the worker did not answer at all
+    assert "none of its 1 workers (GET /workers) answered /server_info or /v1/models from here" in unknown_context("http://r:1", f)
+
+
 def test_status_classification_follows_sglang():
     string_body = json.dumps({"error": "unknown field `seed`, expected one of `max_new_tokens`, `stop`"}).encode()
     nested_body = json.dumps({"error": {"message": "unknown field `min_tokens`, expected one of `max_new_tokens`"}}).encode()

@@ -75,7 +75,7 @@ def up(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the exact commands (a bash script) and start nothing. The model folder need not be on this machine (a note says what was assumed without it)."),
     force: bool = typer.Option(False, "--force", help="Overwrite a --fleet file that cannot be read as a fleet file (by default dqa refuses)."),
     router: bool = typer.Option(
-        False, "--router", help="Start sglang-router (pip install sglang-router==0.3.2) in front of the servers once they are healthy: Prometheus port on, --tokenizer-path the model folder, the regen circuit-breaker settings. Its URL goes in the fleet file; `dqa regen --fleet` sends to it."
+        False, "--router", help="Start sglang-router (pip install sglang-router==0.3.2) in front of the SGLang servers once they are healthy (refused with --engine transformers): Prometheus port on, --tokenizer-path the model folder, the regen circuit-breaker settings. Its URL goes in the fleet file; `dqa regen --fleet` sends to it."
     ),
     router_policy: str = typer.Option(DEFAULT_ROUTER_POLICY, "--router-policy", help="With --router: cache_aware, round_robin, power_of_two or random."),
     router_port: int = typer.Option(DEFAULT_ROUTER_PORT, "--router-port", help="With --router: its port (0: a free one). Its metrics port is always a free one."),

@@ -129,12 +129,15 @@ def prepare_launch(spec: FleetSpec, dry_run: bool = False) -> PreparedLaunch:
 
     Raises ``UsageError`` for what ``FleetSpec.checked`` refuses (an unknown engine, a malformed
     GPU list or ``--env`` item, engine options the kind refuses: SGLang's ``--mtp`` or
-    ``--deterministic`` with another engine, a bad Mamba mode or release number), a bad port
+    ``--deterministic`` with another engine, a bad Mamba mode or release number), ``router`` with
+    an engine sglang-router cannot front (``ServerKind.no_router``: transformers), a bad port
     range, and ``stage`` with a model folder that does not exist (allowed with ``dry_run``: then
     ``notes`` say what was decided without it).
     """
     checked = spec.checked()
     kind = KINDS[checked.engine]
+    if spec.router and kind.no_router:
+        raise UsageError(f"--router with --engine {checked.engine}: {kind.no_router}")
     model_path = Path(spec.model).expanduser()
     local = model_path.exists()
     missing = not local and dry_run and _model_is_a_path(spec.model, spec.stage)
@@ -216,8 +219,9 @@ def launch_fleet(spec: FleetSpec, events: LaunchEvents | None = None) -> LaunchR
     records a running fleet or cannot be read, or a busy port; ``launch.ServerFailed``
     naming the GPU and log of a server that exited or timed out; ``RuntimeFailure`` when
     interrupted while waiting, or when the router exits or is not ready in time (servers and
-    router stopped). ``--router`` with a model that is not a local folder, an unknown policy or no
-    sglang-router package is a ``UsageError`` before anything starts.
+    router stopped). ``--router`` with a model that is not a local folder, an unknown policy, no
+    sglang-router package or an engine the router cannot front (transformers) is a ``UsageError``
+    before anything starts.
     """
     events = events or LaunchEvents()
     prepared = prepare_launch(spec)

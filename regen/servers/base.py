@@ -91,7 +91,8 @@ class ServerKind:
     generation prompt past the header included. ``health_paths``: where its health is read, best first; a 404 moves on to
     the next (the first is what `dqa fleet up` waits on). ``launchable``: `dqa fleet up --engine`
     can start it (``launch_argv``); ``options``: its ``EngineOptions`` class. ``status`` fills in
-    what `dqa fleet status` can read besides up/down.
+    what `dqa fleet status` can read besides up/down. ``no_router``: why sglang-router cannot
+    front its servers (`dqa fleet up --router` refuses with it before anything starts); None: it can.
     """
 
     name = ""
@@ -101,6 +102,7 @@ class ServerKind:
     launchable = False
     options: type[EngineOptions] = EngineOptions
     no_metrics = "this server kind reports no metrics"
+    no_router: str | None = None
 
     def __repr__(self) -> str:
         return f"<server kind {self.name}>"

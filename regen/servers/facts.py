@@ -176,8 +176,14 @@ def unknown_context(name: str, f: ServerFacts) -> str | None:
     if f.router is None or f.context_length:
         return None
     r = f.router
-    why = (f"none of its {len(r['workers'])} workers (GET /workers) answered /server_info or /v1/models from here"
-           if r["workers"] else "GET /workers lists no worker")
+    n, answered = len(r["workers"]), r["workers_answered"]
+    if not n:
+        why = "GET /workers lists no worker"
+    elif answered:
+        why = (f"{answered} of its {n} workers (GET /workers) answered, but none said its context length "
+               "(/server_info context_length, /v1/models max_model_len)")
+    else:
+        why = f"none of its {n} workers (GET /workers) answered /server_info or /v1/models from here"
     return (f"{name}: an SGLang router, and dqa cannot learn its workers' context length ({why}); "
             "pass --context-length N (the workers' --context-length; less their speculative reserve when they use one)")
 
