@@ -133,9 +133,10 @@ def lookup(table: pa.Array, ids: np.ndarray) -> np.ndarray:
 
     Arrow's take gathers from a small table 2-3x faster than numpy's fancy indexing or
     ``np.take``, which first convert int32 ids to intp; per token this is one of the kernel's
-    largest costs (the template codes of every token, the hash terms of every token).
+    largest costs (the template codes of every token, the hash terms of every token). Bounds are not
+    checked again (``boundscheck=False``: the check was ~3% of a scan's CPU).
     """
-    return pc.take(table, arrow_view(ids)).to_numpy(zero_copy_only=True)
+    return pc.take(table, arrow_view(ids), boundscheck=False).to_numpy(zero_copy_only=True)
 
 
 class _TrainedCounts:
