@@ -186,14 +186,16 @@ class Dataset:
             start += n
         return units
 
-    def unit_batches(self, unit: WorkUnit, batch_rows: int = 4096, max_tokens: int = MAX_BATCH_TOKENS) -> Iterator[TokenBatch]:
-        """``batches`` of one ``WorkUnit`` only: the same rows, checks and errors (rows named in dataset order)."""
+    def unit_batches(self, unit: WorkUnit, batch_rows: int = 4096, max_tokens: int = MAX_BATCH_TOKENS,
+                     threads: bool = True) -> Iterator[TokenBatch]:
+        """``batches`` of one ``WorkUnit`` only: the same rows, checks and errors (rows named in dataset order).
+        ``threads=False`` decodes parquet in the calling thread (a pool worker, one of as many as there are cores)."""
         f = self.files[unit.file]
         cols = self._needed()
         if unit.row_groups is None:
             records = ((f, b) for b in _iter_file(f, self.format, batch_rows, cols, self.renderer))
         else:
-            records = ((f, b) for b in _iter_row_groups(f, unit.row_groups, batch_rows, cols))
+            records = ((f, b) for b in _iter_row_groups(f, unit.row_groups, batch_rows, cols, threads))
         yield from self._token_batches(records, unit.start_row, max_tokens)
 
     def batches_with_rows(self, rows: Iterable[int], batch_rows: int = 4096) -> Iterator[TokenBatch]:
@@ -294,12 +296,14 @@ def _iter_file(f: Path, fmt: str, batch_rows: int, columns: list[str] | None, re
         raise InputError(f"{f}: unreadable {fmt} file ({short(exc)})") from None
 
 
-def _iter_row_groups(f: Path, groups: Sequence[int], batch_rows: int, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
-    """The record batches of some row groups of the parquet file ``f`` (memory-mapped, as ``Parquet.batches``)."""
+def _iter_row_groups(f: Path, groups: Sequence[int], batch_rows: int, columns: list[str] | None,
+                     threads: bool = True) -> Iterator[pa.RecordBatch]:
+    """The record batches of some row groups of the parquet file ``f`` (memory-mapped, as ``Parquet.batches``),
+    decoded by Arrow's threads or (``threads=False``) in the calling one."""
     import pyarrow.parquet as pq
 
     try:
         yield from pq.ParquetFile(f, memory_map=True).iter_batches(batch_size=batch_rows, row_groups=list(groups),
-                                                                   columns=columns, use_threads=True)
+                                                                   columns=columns, use_threads=threads)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(f"{f}: unreadable parquet file ({short(exc)})") from None

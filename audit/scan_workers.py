@@ -8,7 +8,8 @@ the metrics and turns tables are the ones a single process writes: every metric 
 the row, and the set-level checks (template shares, duplicates) count their hashes over the whole tables
 afterwards (``checks.prepare``), so their counts are exact for any cut. Findings are identical for every
 ``workers``. Datasets that cannot be cut without reading them (Arrow streams, JSONL, conversations) are
-read as one stream in this process, with a reader thread, as with one worker.
+read as one stream in this process, with a reader thread, as with one worker. A worker reads and decodes
+in its own thread when there are as many workers as cores, else with a reader thread and Arrow's threads.
 
 A unit's error surfaces as it would in one process: the pool's results are taken in unit order, so the
 first bad row in dataset order is the one named. Workers ignore Ctrl-C; the scan's process stops the pool.
@@ -88,9 +89,11 @@ def _prefetch(batches: Iterator[TokenBatch], depth: int = 2) -> Iterator[TokenBa
 
 
 def stream_metrics(batches: Iterator[TokenBatch], tables: KernelTables, part: Path, progress: ProgressFn | None,
-                   turns_part: Path | None = None, dataset: str = "", check_fit: bool = True) -> tuple[int, int, bool]:
+                   turns_part: Path | None = None, dataset: str = "", check_fit: bool = True,
+                   prefetch: bool = True) -> tuple[int, int, bool]:
     """Write one metrics row group per batch of ``batches`` to ``part`` (and the batch's trained turns to
-    ``turns_part``, see ``kernels.TURN_COLUMNS``); return ``(rows, tokens, fit_checked)``.
+    ``turns_part``, see ``kernels.TURN_COLUMNS``); return ``(rows, tokens, fit_checked)``. ``prefetch`` reads
+    the next batches in a thread (``_prefetch``) while the kernels work.
 
     With ``check_fit`` the first batches' assistant headers are checked against the chat format
     (``check_format_fits``, naming ``dataset``) as soon as they hold ``WRONG_TOKENIZER_MIN_ROWS`` supervised
@@ -103,7 +106,7 @@ def stream_metrics(batches: Iterator[TokenBatch], tables: KernelTables, part: Pa
     fit: list[np.ndarray] | None = [np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64)] if check_fit else None
     checked = False
     try:
-        for batch in _prefetch(batches):
+        for batch in _prefetch(batches) if prefetch else batches:
             m, turns = batch_metrics_and_turns(batch, tables)
             if turn_writer is not None and turns["row"].size:
                 turn_writer.write_table(pa.table({c: turns[c] for c in TURN_COLUMNS}, schema=turn_writer.schema))
@@ -166,14 +169,16 @@ def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, p
         rows, tokens, _ = stream_metrics(ds.batches(batch_rows), tables, pair[0], progress, pair[1], str(ds.path))
         return [pair], rows, tokens
     pairs = [(work / f"metrics.part-{k:05d}.parquet", work / f"turns.part-{k:05d}.parquet") for k in range(len(units))]
-    tasks = [(k, u, batch_rows, pairs[k], str(ds.path)) for k, u in enumerate(units)]
+    procs = min(workers, len(units))
+    threads = default_workers() > procs  # spare cores: each worker reads ahead and decodes with threads too
+    tasks = [(k, u, batch_rows, pairs[k], str(ds.path), threads) for k, u in enumerate(units)]
     rows = tokens = 0
     checked = False
     _import_before_fork()
     # While the workers scan, this process would only wait: it loads the tokenizer the report decodes the
     # degenerate templates with (0.3 s, otherwise spent after the pass). Its errors surface where it is used.
     loader = threading.Thread(target=_load_quietly, args=(tables,), name="dqa-tokenizer", daemon=True)
-    with _context().Pool(min(workers, len(units)), initializer=_init_worker, initargs=(ds, tables)) as pool:
+    with _context().Pool(procs, initializer=_init_worker, initargs=(ds, tables)) as pool:
         loader.start()
         for k, n_rows, n_tokens, fit in pool.imap(_scan_unit, tasks):  # in unit order: the first error is the first bad row
             rows, tokens = rows + n_rows, tokens + n_tokens
@@ -217,10 +222,13 @@ def _init_worker(ds: Dataset, tables: KernelTables) -> None:
 
 
 def _scan_unit(task) -> tuple[int, int, int, bool]:
-    k, unit, batch_rows, (part, turns_part), dataset = task
+    k, unit, batch_rows, (part, turns_part), dataset, threads = task
     ds: Dataset = _WORKER["ds"]
-    rows, tokens, fit = stream_metrics(ds.unit_batches(unit, batch_rows), _WORKER["tables"], part, None, turns_part,
-                                       dataset, check_fit=unit.start_row == 0)
+    # With a worker per core, one thread each: a reader thread or Arrow's decoding threads would only contend
+    # for the same cores, and each thread's allocations go to a glibc arena of its own, whose heaps are
+    # unmapped as they empty and refaulted on the next batch (~10% of a worker's CPU).
+    rows, tokens, fit = stream_metrics(ds.unit_batches(unit, batch_rows, threads=threads), _WORKER["tables"], part, None,
+                                       turns_part, dataset, check_fit=unit.start_row == 0, prefetch=threads)
     return k, rows, tokens, fit
 
 
