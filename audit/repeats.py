@@ -25,6 +25,7 @@ SAMPLE_RATE = 1 / 8
 KEY_INDEX_BITS = 24  # n-gram sort keys: 40 hash bits, and the row (and turn in the row) in the 24 others
 EXACT_MIN_POSITIONS = 64  # under-sampled rows at least this long are measured exactly
 _NGRAM_BLOCK = 16384  # 8-gram positions hashed per block (``_hash_ngrams``)
+SORT_BLOCK = 1024  # keys sorted at a time (``_sort_by_row_blocks``): a block this size sorts in cache, ~3x faster per key
 GAP_EXACT = 128  # a stretch of at least this many tokens without an anchor has its 8-grams measured exactly (loop stretches)
 
 
@@ -224,11 +225,10 @@ def _row_and_turn_repeat_shares(sup_mix: np.ndarray, pos: np.ndarray, h: np.ndar
     local = np.where(in_turn, j - row_first_turn[np.maximum(r, 0)] + 1, 0).astype(np.uint64)
     label = np.where(in_row, (np.maximum(r, 0).astype(np.uint64) << H) | local, np.uint64(n) << H)
     per_step = np.diff(np.searchsorted(pos, steps, side="left"), append=pos.size)  # sampled 8-grams per step
-    key = np.repeat(label, per_step)
-    key |= (h >> np.uint64(24)) << T
-    key.sort()
-    key = key[: int(per_step[in_row].sum())]  # those no row holds (row n) sort last
+    key = np.repeat(label[in_row], per_step[in_row])  # those no row holds whole are left out
+    key |= (h[np.repeat(in_row, per_step)] >> np.uint64(24)) << T
     total = np.bincount(r[in_row], weights=per_step[in_row], minlength=n).astype(np.int64)
+    _sort_by_row_blocks(key, total)
     t_total = np.bincount(j[in_turn], weights=per_step[in_turn], minlength=m).astype(np.int64)
     same_row_hash = (key[1:] >> T) == (key[:-1] >> T)
     dups = np.bincount((key[1:][same_row_hash] >> H).astype(np.int64), minlength=n)
@@ -253,6 +253,25 @@ def _row_and_turn_repeat_shares(sup_mix: np.ndarray, pos: np.ndarray, h: np.ndar
             t_rep = _member(_dedupe_sorted(later), g_key[in_t])
             t_stretch = _longest_runs(g_pos[in_t], np.repeat(j[cs], count)[in_t], t_rep, m)
     return (_shares(sup_mix, total, dups, lo, hi), _shares(sup_mix, t_total, t_dups, t_lo, t_hi), stretch, t_stretch)
+
+
+def _sort_by_row_blocks(key: np.ndarray, per_row: np.ndarray) -> None:
+    """Sort ``key`` in place, given that its top bits are the row and it lists the rows in order, ``per_row[r]``
+    keys each: blocks of at least ``SORT_BLOCK`` keys that end at a row's end are sorted one by one. Each block
+    holds only rows after the previous block's, so the result is the whole array sorted, at the cost of many
+    small sorts (a loop over blocks, not rows)."""
+    ends = np.cumsum(per_row)
+    total = int(ends[-1]) if ends.size else 0
+    if total <= SORT_BLOCK:
+        key.sort()
+        return
+    cuts = np.unique(ends[np.searchsorted(ends, np.arange(SORT_BLOCK, total, SORT_BLOCK), side="left")])
+    start = 0
+    for end in cuts.tolist():
+        key[start:end].sort()
+        start = end
+    if start < total:
+        key[start:].sort()
 
 
 def _row_and_turn_repeat_shares_by_two_sorts(sup_mix: np.ndarray, pos: np.ndarray, h: np.ndarray, lo: np.ndarray,

@@ -37,9 +37,34 @@ def _layout(seed: int, n_rows: int, loops: bool):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.integers(0, 40), st.booleans())
-def test_one_sort_equals_two_sorts(seed, n_rows, loops):
+@given(st.integers(0, 2**32 - 1), st.integers(0, 40), st.booleans(), st.sampled_from([2, 5, repeats.SORT_BLOCK]))
+def test_one_sort_equals_two_sorts(seed, n_rows, loops, block):
+    """Also with the one sort made in blocks of a few keys (``SORT_BLOCK``), so that rows span several blocks'
+    worth of keys and blocks hold several rows."""
     tokens, lo, hi, t_lo, t_hi, t_row = _layout(seed, n_rows, loops)
+    old, repeats.SORT_BLOCK = repeats.SORT_BLOCK, block
+    try:
+        _check_one_sort_equals_two_sorts(tokens, lo, hi, t_lo, t_hi, t_row)
+    finally:
+        repeats.SORT_BLOCK = old
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 40), max_size=30), st.integers(1, 64), st.integers(0, 2**32 - 1))
+def test_sorting_by_row_blocks_sorts_the_whole_array(per_row, block, seed):
+    rng = np.random.default_rng(seed)
+    counts = np.asarray(per_row, dtype=np.int64)
+    rows = np.repeat(np.arange(counts.size, dtype=np.uint64), counts)
+    key = (rows << np.uint64(40)) | rng.integers(0, 1 << 40, rows.size, dtype=np.uint64)
+    old, repeats.SORT_BLOCK = repeats.SORT_BLOCK, block
+    try:
+        repeats._sort_by_row_blocks(key, counts)
+    finally:
+        repeats.SORT_BLOCK = old
+    assert np.array_equal(key, np.sort(key))
+
+
+def _check_one_sort_equals_two_sorts(tokens, lo, hi, t_lo, t_hi, t_row):
     tables_mix = splitmix64(np.arange(5000, dtype=np.uint64)) | np.uint64(1)
     mix = tables_mix[tokens]
     pos, h = _anchor_ngrams(mix, np.flatnonzero(mix < (np.uint64(1) << repeats.ANCHOR_SHIFT)))
