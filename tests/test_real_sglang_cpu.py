@@ -17,66 +17,24 @@ the wire contract dqa relies on, checked against the real server rather than the
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from real_sglang import SGLANG_VERSION, http, running_servers, sglang_python
+
 REPO = Path(__file__).resolve().parents[1]
-SGLANG_VERSION = "0.5.23"
-STARTUP_TIMEOUT_S = 300  # ~60 s seen on 2 cores; the scheduler imports every model class
 MAX_NEW_TOKENS = 32
 ROWS = 4
 PROMPT = [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]  # <|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n
 
 pytestmark = pytest.mark.slow
 
-
-def _sglang_python() -> str:
-    py = os.environ.get("DQA_REAL_SGLANG_PYTHON")
-    if not py:
-        pytest.skip("opt-in: set DQA_REAL_SGLANG_PYTHON to a python with sglang 0.5.23 "
-                    "(see tests/sglang_cpu/setup_sglang_cpu.sh)", allow_module_level=True)
-    py = os.path.abspath(py)  # not resolve(): a venv's python is a symlink to the base interpreter
-    try:
-        out = subprocess.run([py, "-c", "import importlib.metadata as m; print(m.version('sglang'))"],
-                             capture_output=True, text=True, timeout=60)
-    except OSError as exc:
-        pytest.skip(f"DQA_REAL_SGLANG_PYTHON={py} does not run: {exc}", allow_module_level=True)
-    version = out.stdout.strip()
-    if out.returncode != 0 or version != SGLANG_VERSION:
-        pytest.skip(f"DQA_REAL_SGLANG_PYTHON={py} has sglang {version or 'missing'}, not {SGLANG_VERSION}",
-                    allow_module_level=True)
-    return py
-
-
-SGLANG_PYTHON = _sglang_python()
+SGLANG_PYTHON = sglang_python()
 pytest.importorskip("torch", reason="building the tiny model needs torch (pip install -e '.[serve]')")
 pytest.importorskip("transformers", reason="building the tiny model needs transformers")
-
-
-def _free_port() -> int:
-    # SGLang's warm-up request goes to its own --port, so port 0 cannot be passed on: the OS picks one here.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _http(url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, str]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 @pytest.fixture(scope="module")
@@ -93,51 +51,8 @@ def server(tmp_path_factory):
         model = build_tiny_qwen3(tmp_path_factory.mktemp("models") / "tiny-qwen3")
     except RuntimeError as exc:
         pytest.skip(f"cannot build the tiny model: {exc}")
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = tmp_path_factory.mktemp("sglang") / "server.log"
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
-    cmd = [SGLANG_PYTHON, "-m", "sglang.launch_server", "--model-path", str(model), "--device", "cpu",
-           "--host", "127.0.0.1", "--port", str(port), "--max-total-tokens", "4096"]
-    t0 = time.monotonic()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    health: list[int] = []
-    try:
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                    health.append(r.status)
-            except urllib.error.HTTPError as exc:
-                health.append(exc.code)
-            except OSError:
-                pass  # not listening yet
-            if health and health[-1] == 200:
-                break
-            if proc.poll() is not None:
-                pytest.fail(f"SGLang exited with {proc.returncode} while starting:\n"
-                            + log_path.read_text(errors="replace")[-4000:])
-            if time.monotonic() - t0 > STARTUP_TIMEOUT_S:
-                pytest.fail(f"SGLang not healthy after {STARTUP_TIMEOUT_S} s:\n"
-                            + log_path.read_text(errors="replace")[-4000:])
-            time.sleep(0.25)
-        yield {"url": url, "model": str(model), "log": log_path, "health": health,
-               "startup_s": time.monotonic() - t0}
-    finally:
-        # The whole group: launch_server forks a scheduler, a detokenizer and a resource tracker.
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # stragglers (or a parent that ignored SIGTERM)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=30)
+    with running_servers(SGLANG_PYTHON, model, [tmp_path_factory.mktemp("sglang") / "server.log"]) as (started,):
+        yield started
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +152,7 @@ def test_openai_protocol_finds_the_0_5_23_chat_route_token_exact(openai_run, ser
 
 
 def test_unknown_sampling_params_key_is_a_400_whose_error_is_a_string_naming_the_field(server):
-    status, body = _http(server["url"] + "/generate",
+    status, body = http(server["url"] + "/generate",
                          {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4, "bogus_key": 1}})
     assert status == 400
     err = json.loads(body)["error"]
@@ -246,7 +161,7 @@ def test_unknown_sampling_params_key_is_a_400_whose_error_is_a_string_naming_the
 
 
 def test_prompt_plus_max_new_tokens_over_the_context_is_a_400_with_an_error_message_object(server):
-    status, body = _http(server["url"] + "/generate",
+    status, body = http(server["url"] + "/generate",
                          {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4096 - len(PROMPT) + 1}})
     assert status == 400
     assert json.loads(body)["error"]["message"].startswith(
@@ -255,11 +170,11 @@ def test_prompt_plus_max_new_tokens_over_the_context_is_a_400_with_an_error_mess
 
 def test_generate_reply_carries_output_ids_and_a_stop_finish_reason_naming_the_matched_token(server):
     # Greedy, and stop on the first token greedy decoding produces: finish_reason stop, stop token kept.
-    status, body = _http(server["url"] + "/generate",
+    status, body = http(server["url"] + "/generate",
                          {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
     assert status == 200
     first = json.loads(body)["output_ids"][0]
-    status, body = _http(server["url"] + "/generate",
+    status, body = http(server["url"] + "/generate",
                          {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 8, "temperature": 0,
                                                                    "stop_token_ids": [first]}})
     reply = json.loads(body)
@@ -269,7 +184,7 @@ def test_generate_reply_carries_output_ids_and_a_stop_finish_reason_naming_the_m
 
 
 def test_chat_route_with_return_token_ids_returns_prompt_and_response_token_ids(server):
-    status, body = _http(server["url"] + "/v1/chat/completions",
+    status, body = http(server["url"] + "/v1/chat/completions",
                          {"model": server["model"], "messages": [{"role": "user", "content": "Hello"}],
                           "input_ids": PROMPT, "return_token_ids": True, "max_tokens": 4})
     assert status == 200
@@ -280,7 +195,7 @@ def test_chat_route_with_return_token_ids_returns_prompt_and_response_token_ids(
 
 
 def test_chat_route_rejects_return_token_ids_with_stream_as_a_400(server):
-    status, body = _http(server["url"] + "/v1/chat/completions",
+    status, body = http(server["url"] + "/v1/chat/completions",
                          {"model": server["model"], "messages": [{"role": "user", "content": "Hello"}],
                           "input_ids": PROMPT, "return_token_ids": True, "max_tokens": 4, "stream": True})
     assert status == 400
@@ -305,7 +220,7 @@ def test_prefix_cache_hit_rate_of_turns_2_plus_sent_to_the_server_of_the_previou
     for i in range(4):
         prompt = [151644, 8948, 198, 2610, 525, 264, 10950, 17847, 13, 151645, 198] + user(i, 0)  # a system message first
         for k in range(3):
-            status, body = _http(server["url"] + "/generate",
+            status, body = http(server["url"] + "/generate",
                                  {"input_ids": prompt, "sampling_params": {"max_new_tokens": 16, "temperature": 0}, "rid": f"c{i}-{k}"})
             assert status == 200, body
             reply = json.loads(body)

@@ -193,3 +193,18 @@ def test_a_next_turn_waits_for_its_full_endpoint_up_to_the_sticky_wait_then_move
         got, d = _dispatch([a.url, b.url], sticky_wait=0.2, home_of=0)
         assert got == {0: a.url, 1: b.url} and d.moved == 1 == d.progress.snapshot()["turns_moved"]
         assert not d.home and d.parked == 0  # forgotten once its (last) turn is done
+
+
+def test_the_first_turns_are_spread_over_every_endpoint_even_when_one_answers_its_first_health_probe_later(qwen3, dataset, tmp_path):
+    """Endpoint B's /health_generate takes 0.5 s, A's none (real SGLang's takes ~1 s: it runs a
+    1-token generation). Dispatch waits for B's first answer (up to ``sticky_wait``), so the 24
+    first turns, fewer than A's in-flight cap, are shared out between A and B rather than all sent
+    to A, where sticky dispatch would then have kept every conversation."""
+    tok, _ = qwen3
+    with StubServer(tmp_path / "a", "--latency-s", "0.02") as a, \
+            StubServer(tmp_path / "b", "--latency-s", "0.02", "--health-generate-s", "0.5") as b:
+        res, logs = regen(dataset, tok, tmp_path / "out", [a.url, b.url])
+    assert res.exit_code == 0, (res.message, logs)
+    rows = turns_by_row(tmp_path / "out")
+    first = [recs[0]["endpoint"] for recs in rows.values()]
+    assert min(first.count(a.url), first.count(b.url)) >= CONVERSATIONS // 3, first

@@ -45,6 +45,7 @@ class Endpoint:
         self.tasks: set[asyncio.Task] = set()
         self.last_error = ""
         self.ever_healthy = False
+        self.probed = False  # a health probe has answered (either way): the scheduler's start gate
         self.facts: ServerFacts | None = None  # what the server said about itself (preflight or first health)
         self.gen_url = self.url  # the generate URL (set by the dispatcher from the protocol)
         # Conversations' next turns waiting for this endpoint (it served their previous turn and is
@@ -157,6 +158,7 @@ class EndpointHealth:
             ok, err = False, f"{type(exc).__name__}: {exc}"
         finally:
             ep.probing = False
+            ep.probed = True
         now = time.monotonic()
         if ok:
             if not ep.healthy:

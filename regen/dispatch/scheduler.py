@@ -27,6 +27,12 @@ server (not one cancelled before it was sent, nor an SGLang router's 503 ``no_av
 and giving up uses that count. An SGLang router endpoint (``ServerFacts.router``) is not taken out
 for its workers' faults; with no worker available it is paused (``EndpointHealth.pause``).
 
+Start: nothing is sent until every endpoint's first health probe has answered (healthy or not),
+or for at most ``sticky_wait`` seconds after the first endpoint came in. SGLang's
+``/health_generate`` runs a 1-token generation (~1 s), so without the wait the endpoint that
+answered first got every queued first turn, up to its cap, and sticky dispatch kept those
+conversations there.
+
 Stopping: ``request_stop()`` (first Ctrl-C / SIGTERM) stops dispatching and
 drains in-flight work; ``request_cancel()`` (second Ctrl-C) cancels it. Rows
 not recorded are simply not in the output and a rerun picks them up.
@@ -156,6 +162,10 @@ class Dispatcher:
         # Sticky conversations: row -> the endpoint that answered its latest turn, while it has turns to go.
         # (Kept without sticky dispatch too: progress.json's same-endpoint share is read off it.)
         self.home: dict[int, Endpoint] = {}
+        # The start gate (see the module docstring): open once every endpoint was probed, or
+        # ``sticky_wait`` seconds after the first came in (``first_in_at``).
+        self.started = False
+        self.first_in_at: float | None = None
 
     @property
     def parked(self) -> int:
@@ -295,9 +305,24 @@ class Dispatcher:
                 best = ep
         return best or fallback
 
+    def _start_gate_open(self, now: float) -> bool:
+        """True once dispatching may start: every endpoint's first health probe has answered, or
+        ``sticky_wait`` seconds have passed since the first endpoint came in (then a wake-up is due
+        at that time). Stays True for the rest of the run."""
+        if self.started:
+            return True
+        if self.first_in_at is None and any(ep.healthy for ep in self.endpoints):
+            self.first_in_at = now
+            self.loop.call_later(self.s.sticky_wait, self.wake.set)
+        if all(ep.probed for ep in self.endpoints) or (self.first_in_at is not None and now - self.first_in_at >= self.s.sticky_wait):
+            self.started = True
+        return self.started
+
     def _dispatch_ready(self) -> None:
         now = time.monotonic()
         cap = self.s.max_in_flight
+        if not self._start_gate_open(now):
+            return
         if self.parked:
             self._unpark(now)
         while True:

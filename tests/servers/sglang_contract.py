@@ -53,7 +53,8 @@ project's notes in shared/SGLANG.md):
   inside the HTTP 200.
 - A client disconnect aborts the request on the server (the rid is freed, the abort counted).
 - ``GET /health_generate`` is 503 while the server is starting (and when it is stuck), 200
-  with an empty body once it generates; ``GET /health`` is 503 while starting, then a cheap 200
+  with an empty body once it generates (after ``--health-generate-s``, default 0; real
+  SGLang 0.5.23 takes ~1 s, it runs a 1-token generation); ``GET /health`` is 503 while starting, then a cheap 200
   (even when generation is stuck).
 - ``GET /server_info`` (older ``/get_server_info``) carries ``"version"`` next to the server
   arguments (``context_length``: null unless ``--context-length`` was given, ``speculative_*``,
@@ -1075,6 +1076,8 @@ async def handle_health_generate(request):
     if st.faults.stall_share >= 1.0:  # stuck: the 1-token probe gets no answer in time
         await asyncio.sleep(st.args.health_timeout_s)
         return web.Response(status=503)
+    if st.args.health_generate_s > 0:  # real SGLang runs a 1-token generation: ~1 s on 0.5.23
+        await asyncio.sleep(st.args.health_generate_s)
     return web.Response(status=200)
 
 
@@ -1280,6 +1283,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-file", default=None, help="decode log lines go here (default: stderr)")
     p.add_argument("--log-interval-s", type=float, default=1.0, help="gauge refresh and decode log period")
     p.add_argument("--health-timeout-s", type=float, default=1.0, help="how long a stuck /health_generate waits")
+    p.add_argument("--health-generate-s", type=float, default=0.0,
+                   help="how long a healthy /health_generate takes (real SGLang 0.5.23: ~1 s, a 1-token generation)")
     p.add_argument("--spec-accept-length", type=float, default=3.2)
     p.add_argument("--spec-draft-tokens", type=int, default=4)
     p.add_argument("--vocab", default="qwen3", choices=["qwen3", "qwen3.6", "deepseek-v3", "glm-5.2"],

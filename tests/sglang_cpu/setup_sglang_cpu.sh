@@ -4,7 +4,7 @@
 #   bash tests/sglang_cpu/setup_sglang_cpu.sh [VENV]        (default .venv-sglang-cpu)
 #
 # Seen on 2026-12-02 (2 cores, Python 3.11.7, pip's local torch 2.13.0 CPU wheel): about 3 min (170 s),
-# 2.8 GB venv. How it works around SGLang's GPU-only pins:
+# 2.8 GB venv; 2026-12-04: 106 s. How it works around SGLang's GPU-only pins:
 #   1. torch==2.13.0 first: pip takes the CPU build from this machine's disk. SGLang pins
 #      torch==2.14.1 and a loose torch pulls a multi-GB CUDA build, so sglang goes in --no-deps
 #      and everything else under the constraint torch==2.13.0.
