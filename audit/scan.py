@@ -30,6 +30,7 @@ from dqa.audit.cuts import truncation_cuts
 from dqa.audit.conventions import detect_conventions
 from dqa.audit.kernels import KernelTables
 from dqa.audit.readers import Dataset, open_dataset
+from dqa.audit.scan_options import DEFAULT_BATCH_ROWS, ScanOptions  # noqa: F401 (re-exported: dqa.audit.scan.ScanOptions)
 from dqa.audit.scan_folder import (
     FINDINGS_FILE, METRICS_FILE, SCAN_FILES, SUMMARY_FILE, SUMMARY_MD_FILE, TURNS_FILE, is_scan_folder, read_summary,
 )
@@ -39,26 +40,6 @@ from dqa.errors import InputError
 
 TOP_TEMPLATES = 10
 TEMPLATE_DECODE_MAX_TOKENS = 256
-
-
-@dataclass
-class ScanOptions:
-    """Everything ``dqa scan`` can be told. Column names left None are detected."""
-
-    tokenizer: str | None = None
-    ids_column: str | None = None
-    mask_column: str | None = None
-    labels_column: str | None = None
-    id_column: str | None = None
-    thinking: str = "auto"  # auto | expected | off
-    only: list[str] | None = None
-    skip: list[str] = field(default_factory=list)
-    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
-    batch_rows: int = 2048
-    last_turn_only: bool = False  # conversation JSONL: train only the last assistant turn (SpecForge's train_only_last_turn)
-    # Processes that scan row groups / files; None: 1. In a library call the caller's process may hold
-    # other threads, and the pool forks it: so one unless asked. `dqa scan` defaults to the CPUs.
-    workers: int | None = None
 
 
 @dataclass

@@ -10,6 +10,7 @@ from typing import Any, Iterator, List, Optional
 
 import typer
 
+from dqa.audit.scan_options import DEFAULT_BATCH_ROWS
 from dqa.commands.common import console, handles_errors, help_text, stderr_is_tty
 from dqa.errors import EXIT_OK, EXIT_QUALITY
 
@@ -56,7 +57,7 @@ def scan(
     config: Optional[Path] = typer.Option(None, "--config", help="TOML file with \\[checks.NAME] tables of thresholds (see README)."),
     set_: List[str] = typer.Option([], "--set", help="Override a threshold: CHECK.PARAM=VALUE (repeatable)."),
     max_fail_share: float = typer.Option(0.0, help="Exit 1 when the failing share exceeds this (0..1)."),
-    batch_rows: int = typer.Option(2048, help="Rows per streamed batch (memory is bounded by the batch)."),
+    batch_rows: int = typer.Option(DEFAULT_BATCH_ROWS, help="Rows per streamed batch (memory is bounded by the batch)."),
     workers: int = typer.Option(0, "--workers", "-j", help="Processes that scan parquet row groups or files in parallel; 0 (the default): the CPUs this process may run on (its affinity: taskset -c 0 means 1). Findings are the same for every N; formats that cannot be cut without reading them (JSONL, Arrow streams, conversations) and sets of one batch use one."),
     last_turn_only: bool = typer.Option(False, "--last-turn-only", help="Conversation JSONL: train only the last assistant turn (SpecForge's train_only_last_turn; default: every assistant turn)."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout instead of the table."),
