@@ -51,7 +51,7 @@ from dqa.audit.chat_format import ChatFormat
 from dqa.audit.metrics_schema import SAMPLE_METRICS, TURN, TURN_METRICS, names
 from dqa.audit.repeats import ANCHOR_SHIFT, _anchor_ngrams, _gap_ngrams, _row_and_turn_repeat_shares, _stretches
 from dqa.audit.sequence_hash import _C, _K, _K_INV, _RangeSums, _powers, _range_hash, _weighted, splitmix64
-from dqa.audit.token_batch import TokenBatch
+from dqa.audit.token_batch import TokenBatch, arrow_view, numpy_view
 from dqa.errors import InputError
 
 # Lookup-table codes: template kind in the low bits, boilerplate flag in the high bit.
@@ -121,13 +121,6 @@ class KernelTables:
         return self.pow[:n], self.pow_inv[:n]
 
 
-def arrow_view(values: np.ndarray) -> pa.Array:
-    """An Arrow array over the buffer of the contiguous numeric ``values`` (no copy, no type
-    inference: what ``pa.array`` would do for them, minus its per-call checks)."""
-    values = np.ascontiguousarray(values)
-    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
-
-
 def lookup(table: pa.Array, ids: np.ndarray) -> np.ndarray:
     """``table[ids]`` as a read-only numpy array (``ids`` in range: the reader has checked them).
 
@@ -136,7 +129,7 @@ def lookup(table: pa.Array, ids: np.ndarray) -> np.ndarray:
     largest costs (the template codes of every token, the hash terms of every token). Bounds are not
     checked again (``boundscheck=False``: the check was ~3% of a scan's CPU).
     """
-    return pc.take(table, arrow_view(ids), boundscheck=False).to_numpy(zero_copy_only=True)
+    return numpy_view(pc.take(table, arrow_view(ids), boundscheck=False))
 
 
 class _TrainedCounts:

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from dqa.audit.conventions import WRONG_TOKENIZER_MIN_ROWS, check_format_fits
 from dqa.audit.kernels import TURN_COLUMNS, TURN_DTYPES, KernelTables, batch_metrics_and_turns
 from dqa.audit.readers import Dataset
-from dqa.audit.token_batch import TokenBatch
+from dqa.audit.token_batch import TokenBatch, arrow_view
 from dqa.memory import reuse_freed_memory
 
 ProgressFn = Callable[[int, int], None]  # (rows done so far, tokens done so far)
@@ -109,7 +109,7 @@ def stream_metrics(batches: Iterator[TokenBatch], tables: KernelTables, part: Pa
         for batch in _prefetch(batches) if prefetch else batches:
             m, turns = batch_metrics_and_turns(batch, tables)
             if turn_writer is not None and turns["row"].size:
-                turn_writer.write_table(pa.table({c: turns[c] for c in TURN_COLUMNS}, schema=turn_writer.schema))
+                turn_writer.write_table(_table({c: turns[c] for c in TURN_COLUMNS}, turn_writer.schema))
             if fit is not None:  # a wrong tokenizer fails in seconds: its assistant header is missing from most rows
                 fit = [np.concatenate((fit[0], m["has_assistant"])), np.concatenate((fit[1], m["supervised_tokens"]))]
                 if int((fit[1] > 0).sum()) >= WRONG_TOKENIZER_MIN_ROWS:
@@ -124,7 +124,7 @@ def stream_metrics(batches: Iterator[TokenBatch], tables: KernelTables, part: Pa
                     ids_arr = ids_arr.cast(id_type)
                 cols["id"] = ids_arr
             cols.update(m)
-            table = pa.table(cols)
+            table = _table(cols)
             if writer is None:
                 writer = pq.ParquetWriter(part, table.schema, compression="none")
             writer.write_table(table)
@@ -138,6 +138,14 @@ def stream_metrics(batches: Iterator[TokenBatch], tables: KernelTables, part: Pa
         if turn_writer is not None:
             turn_writer.close()
     return rows, tokens, checked
+
+
+def _table(cols: dict[str, Any], schema: pa.Schema | None = None) -> pa.Table:
+    """A table of numpy or Arrow columns, cast to ``schema`` when given (``arrow_view``, not ``pa.table``: that
+    imports pandas on first use, to check for a DataFrame)."""
+    arrays = [v if isinstance(v, (pa.Array, pa.ChunkedArray)) else arrow_view(v) for v in cols.values()]
+    table = pa.Table.from_arrays(arrays, names=list(cols))
+    return table if schema is None else table.cast(schema)
 
 
 def _turn_schema() -> pa.Schema:
@@ -174,7 +182,6 @@ def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, p
     tasks = [(k, u, batch_rows, pairs[k], str(ds.path), threads) for k, u in enumerate(units)]
     rows = tokens = 0
     checked = False
-    _import_before_fork()
     # While the workers scan, this process would only wait: it loads the tokenizer the report decodes the
     # degenerate templates with (0.3 s, otherwise spent after the pass). Its errors surface where it is used.
     loader = threading.Thread(target=_load_quietly, args=(tables,), name="dqa-tokenizer", daemon=True)
@@ -189,15 +196,6 @@ def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, p
     if not checked:  # the first unit held too few supervised rows: check on the first rows of the set, as one process does
         _check_fit_of_parts([m for m, _ in pairs], tables, str(ds.path))
     return pairs, rows, tokens
-
-
-def _import_before_fork() -> None:
-    """Import pandas, where installed, in this process before it forks: pyarrow imports it on the first
-    ``to_numpy``, and every worker would otherwise import it again (0.2 s of CPU each)."""
-    import importlib.util
-
-    if importlib.util.find_spec("pandas") is not None:
-        import pandas  # noqa: F401
 
 
 def _load_quietly(tables: KernelTables) -> None:

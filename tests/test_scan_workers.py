@@ -66,3 +66,32 @@ def test_a_negative_worker_count_is_refused_naming_the_option(tmp_path, layouts)
     proc = subprocess.run([sys.executable, "-m", "dqa.cli", "scan", str(layouts["row groups"]), "-t", "qwen3.6", "--out",
                            str(tmp_path / "s"), "--workers", "-1"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert proc.returncode == 2 and "--workers -1" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_scan_never_imports_pandas(tmp_path, layouts, workers):
+    """pyarrow imports pandas (0.13-0.2 s of CPU) on the first ``to_numpy``, ``pa.array`` or ``pa.table`` of a
+    process, and a pool worker would pay it again: the scan converts between numpy and Arrow without them."""
+    code = ("import sys; from dqa.audit.scan import ScanOptions, run_scan; "
+            f"r = run_scan({str(layouts['row groups'])!r}, {str(tmp_path / 'o')!r}, ScanOptions(tokenizer='qwen3.6', workers={workers})); "
+            "assert r.summary['failing_rows'] > 0; print('pandas' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False"]
+
+
+def test_numpy_and_arrow_views_round_trip_numbers_bools_and_sliced_arrays():
+    import numpy as np
+    import pyarrow as pa
+
+    from dqa.audit.token_batch import arrow_view, numpy_view
+
+    for values in (np.arange(11, dtype=np.int32), np.linspace(0, 1, 7), np.array([True, False, True] * 5),
+                   np.arange(20, dtype=np.uint64)[::3]):
+        arr = arrow_view(values)
+        assert arr.to_pylist() == values.tolist()
+        assert numpy_view(arr).tolist() == values.tolist()
+        assert numpy_view(arr.slice(2, 3)).tolist() == values[2:5].tolist()
+    assert numpy_view(arrow_view(np.zeros(0, dtype=np.int64))).dtype == np.int64
+    with_nulls = pa.array([1, None, 3], type=pa.int32())
+    assert np.isnan(numpy_view(with_nulls)[1])  # not a view: to_numpy's copy
