@@ -15,11 +15,10 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dqa import atomic

@@ -100,3 +100,28 @@ def sentence(rng, n: int, words: list[str] = WORDS) -> str:
     """``n`` random words from ``words``, capitalised, with a full stop."""
     return " ".join(rng.choice(words) for _ in range(n)).capitalize() + "."
 
+
+
+def write_specforge_conversations(path, model, turns: list[int], seed: int, question_words: int = 8):
+    """A parquet set of ``len(turns)`` conversations (ids ``conv-{i}``), conversation ``i`` with ``turns[i]``
+    user/assistant exchanges, each assistant turn with reasoning, rendered by ``model``'s chat template and
+    masked by SpecForge's rule (``peer_conventions.specforge``); int32 ids, uint8 mask. Returns the path."""
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from peer_conventions import specforge
+
+    rng = random.Random(seed)
+    rows = []
+    for i, n in enumerate(turns):  # a fixture: a loop over a few dozen conversations
+        msgs = []
+        for k in range(n):
+            msgs.append({"role": "user", "content": f"Question {i}.{k}: {sentence(rng, question_words)}"})
+            msgs.append({"role": "assistant", "content": sentence(rng, 12), "reasoning_content": sentence(rng, 16)})
+        rows.append(specforge(model, msgs))
+    pq.write_table(pa.table({"id": [f"conv-{i}" for i in range(len(turns))],
+                             "input_ids": pa.array([r[0] for r in rows], pa.list_(pa.int32())),
+                             "loss_mask": pa.array([r[1] for r in rows], pa.list_(pa.uint8()))}), path)
+    return path

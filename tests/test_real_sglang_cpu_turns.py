@@ -21,7 +21,6 @@ whole reply stays in the history and more of it is found.)
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 from collections import defaultdict
@@ -67,25 +66,10 @@ def servers(tmp_path_factory):
 @pytest.fixture(scope="module")
 def dataset(qwen3, tmp_path_factory) -> Path:
     """``CONVERSATIONS`` rows of ``TURNS[i]`` user/assistant turns (with reasoning), SpecForge's rule."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from chatdata import write_specforge_conversations
 
-    from chatdata import sentence
-    from peer_conventions import specforge
-
-    rng = random.Random(11)
-    rows = []
-    for i in range(CONVERSATIONS):
-        msgs = []
-        for k in range(TURNS[i]):
-            msgs.append({"role": "user", "content": f"Question {i}.{k}: {sentence(rng, 10)}"})
-            msgs.append({"role": "assistant", "content": sentence(rng, 12), "reasoning_content": sentence(rng, 16)})
-        rows.append(specforge(qwen3, msgs))
-    path = tmp_path_factory.mktemp("data") / "turns.parquet"
-    pq.write_table(pa.table({"id": [f"conv-{i}" for i in range(CONVERSATIONS)],
-                             "input_ids": pa.array([r[0] for r in rows], pa.list_(pa.int32())),
-                             "loss_mask": pa.array([r[1] for r in rows], pa.list_(pa.uint8()))}), path)
-    return path
+    return write_specforge_conversations(tmp_path_factory.mktemp("data") / "turns.parquet", qwen3, TURNS, seed=11,
+                                         question_words=10)
 
 
 def regen_all_turns(dataset: Path, urls: list[str], model: str, out: Path) -> subprocess.CompletedProcess:

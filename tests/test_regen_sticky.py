@@ -15,20 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from chatdata import sentence
+from chatdata import write_specforge_conversations
 from dqa.regen.config import RegenConfig, SamplingSpec
 from dqa.regen.run import regenerate
-from peer_conventions import load_model, specforge, tokenizer_folder
+from peer_conventions import load_model, tokenizer_folder
 from regen_helpers import read_shards
 from servers.sglang_contract import StubServer
 
@@ -48,19 +45,7 @@ def qwen3(tmp_path_factory):
 @pytest.fixture(scope="module")
 def dataset(qwen3, tmp_path_factory) -> Path:
     _, model = qwen3
-    rng = random.Random(7)
-    rows = []
-    for i in range(CONVERSATIONS):
-        msgs = []
-        for k in range(TURNS[i]):
-            msgs.append({"role": "user", "content": f"Question {i}.{k}: {sentence(rng, 8)}"})
-            msgs.append({"role": "assistant", "content": sentence(rng, 12), "reasoning_content": sentence(rng, 16)})
-        rows.append(specforge(model, msgs))
-    path = tmp_path_factory.mktemp("data") / "turns.parquet"
-    pq.write_table(pa.table({"id": [f"conv-{i}" for i in range(CONVERSATIONS)],
-                             "input_ids": pa.array([r[0] for r in rows], pa.list_(pa.int32())),
-                             "loss_mask": pa.array([r[1] for r in rows], pa.list_(pa.uint8()))}), path)
-    return path
+    return write_specforge_conversations(tmp_path_factory.mktemp("data") / "turns.parquet", model, TURNS, seed=7)
 
 
 def regen(dataset: Path, tok: Path, out: Path, urls: list[str], **kw):
