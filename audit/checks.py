@@ -55,9 +55,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import polars as pl
-
 from dqa.errors import InputError
+from dqa.lazy_import import lazy_module
+
+# Imported on first use: the scan checks its options with this module before its workers start, and imports
+# polars while they work (dqa.audit.scan).
+pl = lazy_module("polars")
 
 
 @dataclass(frozen=True)
@@ -106,17 +109,19 @@ def _degenerate_min_rows(ctx: Context) -> int:
     return max(int(p["min_rows"]), math.ceil(float(p["min_share"]) * ctx.rows))
 
 
-SUP = pl.col("supervised_tokens") > 0
+def _sup() -> pl.Expr:
+    """The sample (turn) has supervised tokens."""
+    return pl.col("supervised_tokens") > 0
 
 
 def _degenerate(ctx: Context) -> pl.Expr:
-    return SUP & (pl.col("template_rows") >= _degenerate_min_rows(ctx))
+    return _sup() & (pl.col("template_rows") >= _degenerate_min_rows(ctx))
 
 
 def _duplicate(ctx: Context) -> pl.Expr:
     """Shared supervised tokens (a sample's, or a turn's) under at least two distinct prompts, below the degenerate threshold."""
     return (
-        SUP
+        _sup()
         & (pl.col("template_rows") >= 2)
         & (pl.col("template_prompts") >= 2)
         & (pl.col("template_rows") < _degenerate_min_rows(ctx))
@@ -124,11 +129,11 @@ def _duplicate(ctx: Context) -> pl.Expr:
 
 
 def _short(ctx: Context) -> pl.Expr:
-    return SUP & (pl.col("content_tokens") < _p(ctx, "short_response", "min_content_tokens"))
+    return _sup() & (pl.col("content_tokens") < _p(ctx, "short_response", "min_content_tokens"))
 
 
 def _empty_thinking(ctx: Context) -> pl.Expr:
-    return pl.lit(ctx.thinking_expected) & SUP & pl.col("think_present") & pl.col("think_closed") & (pl.col("thinking_tokens") == 0)
+    return pl.lit(ctx.thinking_expected) & _sup() & pl.col("think_present") & pl.col("think_closed") & (pl.col("thinking_tokens") == 0)
 
 
 def _loop(ctx: Context) -> pl.Expr:
@@ -218,9 +223,9 @@ CHECKS: tuple[Check, ...] = (
         why="a reasoning model trained on answers without reasoning loses its thinking mode",
         priority=90,
         needs=("supervised_tokens", "has_assistant", "think_present"),
-        rule=lambda ctx: pl.lit(ctx.thinking_expected) & SUP & pl.col("has_assistant") & ~pl.col("think_present"),
+        rule=lambda ctx: pl.lit(ctx.thinking_expected) & _sup() & pl.col("has_assistant") & ~pl.col("think_present"),
         turn_needs=("supervised_tokens", "keeps_reasoning", "think_present"),
-        turn_rule=lambda ctx: pl.lit(ctx.thinking_expected) & SUP & pl.col("keeps_reasoning") & ~pl.col("think_present"),
+        turn_rule=lambda ctx: pl.lit(ctx.thinking_expected) & _sup() & pl.col("keeps_reasoning") & ~pl.col("think_present"),
     ),
     Check(
         name="truncated",
@@ -230,14 +235,14 @@ CHECKS: tuple[Check, ...] = (
         why="the model learns to stop mid-thought; length-capped generations counted as good",
         priority=60,
         needs=("supervised_tokens", "last_supervised_eot", "has_assistant", "final_turn_closed", "think_present", "think_closed"),
-        rule=lambda ctx: SUP
+        rule=lambda ctx: _sup()
         & (
             ~pl.col("last_supervised_eot")
             | (pl.col("has_assistant") & ~pl.col("final_turn_closed"))
             | (pl.col("think_present") & ~pl.col("think_closed"))
         ),
         turn_needs=("supervised_tokens", "last_supervised_eot", "turn_closed", "think_present", "think_closed"),
-        turn_rule=lambda ctx: SUP
+        turn_rule=lambda ctx: _sup()
         & (~pl.col("last_supervised_eot") | ~pl.col("turn_closed") | (pl.col("think_present") & ~pl.col("think_closed"))),
         # Not thresholds of the rule: when this many truncated rows (turns), and this share of them, end at one
         # length, the scan names the cut (dqa.audit.cuts: a max_length cut at tokenization, max_new_tokens at generation).
@@ -275,6 +280,16 @@ BY_NAME: dict[str, Check] = {c.name: c for c in CHECKS}
 
 # Set-level switches that are not tied to one check.
 GLOBAL_DEFAULTS: dict[str, Any] = {"thinking_min_share": 0.05}
+
+
+def selected_checks(only: list[str] | None, skip: list[str]) -> list[str]:
+    """The checks to run: ``only`` (default all) minus ``skip``, in ``only``'s order; may be empty. Raises
+    ``InputError`` for an unknown check."""
+    wanted = only or list(CHECK_NAMES)
+    for name in [*wanted, *skip]:
+        if name not in BY_NAME:
+            raise InputError(f"unknown check {name!r} (known: {', '.join(CHECK_NAMES)})")
+    return [n for n in wanted if n not in set(skip)]
 
 
 def default_params() -> dict[str, dict[str, Any]]:

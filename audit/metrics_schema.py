@@ -21,28 +21,37 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import polars as pl
+
+# The polars dtypes, by name: this module is the kernel's schema too, and the scan's workers run the kernel
+# without importing polars (the scan's process imports it while they work: dqa.audit.scan).
+_NUMPY = {"Int64": np.int64, "Int32": np.int32, "Int8": np.int8, "UInt64": np.uint64, "Float64": np.float64,
+          "Boolean": np.bool_}
 
 
 @dataclass(frozen=True)
 class Metric:
-    """One typed column of a metrics table."""
+    """One typed column of a metrics table; ``dtype_name`` names its polars dtype (``dtype``)."""
 
     name: str
-    dtype: pl.DataType
+    dtype_name: str
     meaning: str
     kind: str = "kernel"  # kernel | convention | set | verdict
     nullable: bool = False
 
     @property
+    def dtype(self):
+        """The polars dtype the column is written in (``pl.Int64``, ...)."""
+        import polars as pl
+
+        return getattr(pl, self.dtype_name)
+
+    @property
     def numpy_dtype(self) -> np.dtype:
         """The numpy dtype the kernel computes this column in."""
-        return np.dtype(_NUMPY[self.dtype])
+        return np.dtype(_NUMPY[self.dtype_name])
 
 
-_NUMPY = {pl.Int64: np.int64, pl.Int32: np.int32, pl.Int8: np.int8, pl.UInt64: np.uint64, pl.Float64: np.float64, pl.Boolean: np.bool_}
-
-I64, I32, I8, U64, F64, BOOL = pl.Int64, pl.Int32, pl.Int8, pl.UInt64, pl.Float64, pl.Boolean
+I64, I32, I8, U64, F64, BOOL, STR = "Int64", "Int32", "Int8", "UInt64", "Float64", "Boolean", "String"
 
 # One row per sample (metrics.parquet, after ``row`` and ``id``).
 SAMPLE_METRICS: tuple[Metric, ...] = (
@@ -78,7 +87,7 @@ SAMPLE_METRICS: tuple[Metric, ...] = (
     Metric("template_prompts", I64, "distinct prompts among the samples sharing its supervised tokens", "set"),
     Metric("flagged_turns", I64, "how many of the sample's trained turns some check flags", "verdict"),
     Metric("failed", BOOL, "any check flags the sample", "verdict"),
-    Metric("primary_reason", pl.String, "the check that explains the sample best (null when it passes)", "verdict", nullable=True),
+    Metric("primary_reason", STR, "the check that explains the sample best (null when it passes)", "verdict", nullable=True),
 )
 
 # One row per trained assistant turn (turns.parquet, before ``reasons``), in row then turn order.

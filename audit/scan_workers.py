@@ -13,7 +13,9 @@ read as one stream in this process, with a reader thread, as with one worker. A 
 in its own thread when there are as many workers as cores, else with a reader thread and Arrow's threads.
 
 A unit's error surfaces as it would in one process: the pool's results are taken in unit order, so the
-first bad row in dataset order is the one named. Workers ignore Ctrl-C; the scan's process stops the pool.
+first bad row in dataset order is the one named, and the other workers are stopped. Workers ignore Ctrl-C
+and die on SIGTERM; the scan's process stops the pool. A worker that dies (the out-of-memory killer) fails
+the scan at once (``RuntimeFailure``, exit 3) instead of leaving it waiting for that worker's units.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import queue
 import signal
 import sys
 import threading
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -35,6 +39,7 @@ from dqa.audit.conventions import WRONG_TOKENIZER_MIN_ROWS, check_format_fits
 from dqa.audit.kernels import TURN_COLUMNS, TURN_DTYPES, KernelTables, batch_metrics_and_turns
 from dqa.audit.readers import Dataset
 from dqa.audit.token_batch import TokenBatch, arrow_view
+from dqa.errors import RuntimeFailure
 from dqa.memory import reuse_freed_memory
 
 ProgressFn = Callable[[int, int], None]  # (rows done so far, tokens done so far)
@@ -189,16 +194,20 @@ def read_parts(paths: list[Path]):
 
 
 def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, progress: ProgressFn | None,
-               workers: int) -> tuple[list[tuple[Path, Path]], int, int]:
+               workers: int, meanwhile: Callable[[], None] | None = None) -> tuple[list[tuple[Path, Path]], int, int]:
     """Run the kernels over ``ds`` into parts under ``work``; return ``([(metrics part, turns part)...] in dataset
     order, rows, tokens)``. ``workers`` > 1 scans the dataset's work units in that many processes (see the module
-    docstring). Raises ``InputError`` for bad input (the first in dataset order)."""
+    docstring). ``meanwhile`` is called in this process once the workers are scanning (before the pass when it runs
+    here): the caller's own preparations, which then overlap the pass. Raises ``InputError`` for bad input (the first
+    in dataset order), and whatever ``meanwhile`` raises (the workers are stopped then)."""
     units = None
     if workers > 1:
         total = ds.num_rows
         if total:
             units = ds.work_units(max(batch_rows, math.ceil(total / (workers * UNITS_PER_WORKER))))
     if not units or len(units) < 2:
+        if meanwhile is not None:
+            meanwhile()
         pair = (work / "metrics.part.arrow", work / "turns.part.arrow")
         rows, tokens, _ = stream_metrics(ds.batches(batch_rows), tables, pair[0], progress, pair[1], str(ds.path))
         return [pair], rows, tokens
@@ -208,20 +217,48 @@ def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, p
     tasks = [(k, u, batch_rows, pairs[k], str(ds.path), threads) for k, u in enumerate(units)]
     rows = tokens = 0
     checked = False
-    # While the workers scan, this process would only wait: it loads the tokenizer the report decodes the
-    # degenerate templates with (0.3 s, otherwise spent after the pass). Its errors surface where it is used.
+    executor = ProcessPoolExecutor(procs, mp_context=_context(), initializer=_init_worker, initargs=(ds, tables))
     loader = threading.Thread(target=_load_quietly, args=(tables,), name="dqa-tokenizer", daemon=True)
-    with _context().Pool(procs, initializer=_init_worker, initargs=(ds, tables)) as pool:
+    try:
+        futures = [executor.submit(_scan_unit, task) for task in tasks]  # the workers start on the first units now
+        if meanwhile is not None:
+            meanwhile()
+        # Then this process would only wait: it loads the tokenizer the report decodes the degenerate templates with
+        # (0.3-0.5 s, otherwise spent after the pass). Its errors surface where it is used.
         loader.start()
-        for k, n_rows, n_tokens, fit in pool.imap(_scan_unit, tasks):  # in unit order: the first error is the first bad row
+        for future in futures:  # in unit order: the first error is the first bad row
+            k, n_rows, n_tokens, fit = future.result()
             rows, tokens = rows + n_rows, tokens + n_tokens
             checked = checked or (k == 0 and fit)
             if progress:
                 progress(rows, tokens)
-    loader.join()
+    except BrokenProcessPool:
+        _stop(executor)
+        raise RuntimeFailure(f"{ds.path}: a scan worker process died (killed by the system: out of memory?); rerun with "
+                             "fewer --workers or a smaller --batch-rows") from None
+    except BaseException:  # a bad row, Ctrl-C, meanwhile's error: the other units' work is moot
+        _stop(executor)
+        raise
+    executor.shutdown()
+    if loader.is_alive():
+        loader.join()
     if not checked:  # the first unit held too few supervised rows: check on the first rows of the set, as one process does
         _check_fit_of_parts([m for m, _ in pairs], tables, str(ds.path))
     return pairs, rows, tokens
+
+
+def _stop(executor: ProcessPoolExecutor) -> None:
+    """Stop ``executor`` now: pending units cancelled, running ones killed (``shutdown`` alone waits for them)."""
+    terminate = getattr(executor, "terminate_workers", None)  # Python 3.14+
+    if terminate is not None:
+        terminate()
+        return
+    procs = list((getattr(executor, "_processes", None) or {}).values())  # shutdown forgets them
+    executor.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.join()
 
 
 def _load_quietly(tables: KernelTables) -> None:
@@ -241,6 +278,9 @@ _WORKER: dict[str, Any] = {}
 
 def _init_worker(ds: Dataset, tables: KernelTables) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the scan process's to handle: it stops the pool
+    # ... by SIGTERM, which must end a worker wherever it is. The CLI's handler, inherited through fork, raises
+    # KeyboardInterrupt, which a worker blocked on the pool's queue lock could swallow and then wait forever.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     reuse_freed_memory()
     _WORKER["ds"], _WORKER["tables"] = ds, tables
 

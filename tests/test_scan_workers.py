@@ -80,6 +80,82 @@ def test_a_scan_never_imports_pandas(tmp_path, layouts, workers):
     assert proc.stdout.split() == ["False"]
 
 
+def test_the_workers_start_before_the_scan_imports_polars(tmp_path, layouts):
+    """The kernel pass needs numpy and Arrow only; polars (~0.2 s of import) is for what follows it. `dqa scan`
+    forks its workers before anything imports polars, and imports it while they scan: each worker, started from
+    the CLI, finds polars not imported, and the scan's own process has it by the end."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    code = (
+        "import os, sys\n"
+        "import dqa.audit.scan_workers as w\n"
+        "init = w._init_worker\n"
+        "def probed(*args):\n"
+        f"    open(os.path.join({str(probe)!r}, str(os.getpid())), 'w').write(str('polars' in sys.modules))\n"
+        "    init(*args)\n"
+        "w._init_worker = probed\n"
+        f"sys.argv = ['dqa', 'scan', {str(layouts['row groups'])!r}, '-t', 'qwen3.6', '--out', {str(tmp_path / 'o')!r},"
+        " '--workers', '2', '--batch-rows', '64', '--quiet']\n"
+        "from dqa.cli import main\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        "    print('polars' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 1, proc.stderr  # defects found
+    assert proc.stdout.split() == ["True"]
+    seen = [p.read_text() for p in probe.iterdir()]
+    assert seen == ["False", "False"]
+
+
+def _scan_with_patched_worker(tmp_path, layouts, patch: str) -> subprocess.CompletedProcess:
+    """`dqa scan --workers 2` of the row-group set from the CLI, with ``patch`` (Python source run first: it may
+    replace functions of ``dqa.audit.scan_workers``, imported as ``w``, which the forked workers inherit)."""
+    code = ("import sys\nimport dqa.audit.scan_workers as w\n" + patch +
+            f"sys.argv = ['dqa', 'scan', {str(layouts['row groups'])!r}, '-t', 'qwen3.6', '--out', {str(tmp_path / 'o')!r},"
+            " '--workers', '2', '--batch-rows', '64', '--quiet']\n"
+            "from dqa.cli import main\nmain()\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+
+
+def test_a_worker_that_dies_fails_the_scan_at_once_in_one_line(tmp_path, layouts):
+    """The out-of-memory killer ends a worker with SIGKILL: the scan says so and exits 3, instead of waiting
+    forever for the units that worker held (as a multiprocessing.Pool does); nothing is written."""
+    patch = ("import os, signal\nscan_unit = w._scan_unit\n"
+             "def dying(task):\n"
+             "    if task[0] == 3:\n"
+             "        os.kill(os.getpid(), signal.SIGKILL)\n"
+             "    return scan_unit(task)\n"
+             "w._scan_unit = dying\n")
+    proc = _scan_with_patched_worker(tmp_path, layouts, patch)
+    assert proc.returncode == 3, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "a scan worker process died" in lines[0] and "--workers" in lines[0], proc.stderr
+    assert not (tmp_path / "o").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_bad_row_stops_the_other_workers_even_inside_the_cli(tmp_path, layouts):
+    """A unit's error stops the pool by SIGTERM. The workers are forked from the CLI, whose SIGTERM handler raises
+    KeyboardInterrupt: a worker keeps it no longer, so none can swallow the signal and outlive the scan."""
+    patch = ("import time\nfrom dqa.errors import InputError\nscan_unit = w._scan_unit\n"
+             "def failing(task):\n"
+             "    if task[0] == 1:\n"
+             "        raise InputError('planted: row 80 is bad')\n"
+             "    time.sleep(0.2)\n"
+             "    return scan_unit(task)\n"
+             "w._scan_unit = failing\n"
+             "init = w._init_worker\n"
+             "def checked(*args):\n"
+             "    init(*args)\n"
+             "    import signal\n"
+             "    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL\n"
+             "w._init_worker = checked\n")
+    proc = _scan_with_patched_worker(tmp_path, layouts, patch)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == "dqa: error: planted: row 80 is bad"
+
+
 def test_numpy_and_arrow_views_round_trip_numbers_bools_and_sliced_arrays():
     import numpy as np
     import pyarrow as pa
