@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from dqa.audit.conventions import WRONG_TOKENIZER_MIN_ROWS, check_format_fits
+from dqa.audit.formats.arrow import ARROW_FILE
 from dqa.audit.kernels import TURN_COLUMNS, TURN_DTYPES, KernelTables, batch_metrics_and_turns
 from dqa.audit.readers import Dataset
 from dqa.audit.token_batch import TokenBatch, arrow_view
@@ -103,10 +104,11 @@ def stream_metrics(batches: Iterator[TokenBatch], tables: KernelTables, part: Pa
     With ``check_fit`` the first batches' assistant headers are checked against the chat format
     (``check_format_fits``, naming ``dataset``) as soon as they hold ``WRONG_TOKENIZER_MIN_ROWS`` supervised
     rows; ``fit_checked`` says whether that happened. Raises ``InputError`` for bad input."""
-    writer: _PartWriter | None = None
+    writer = None
     # The parts are work files, read back once at the end: Arrow IPC, so neither side encodes (parquet's
     # dictionary pages alone cost a worker ~4x the IPC write of the same turns).
-    turn_writer = _PartWriter(turns_part, _turn_schema()) if turns_part is not None else None
+    turn_schema = _turn_schema()
+    turn_writer = ARROW_FILE.sink(turns_part, turn_schema) if turns_part is not None else None
     rows = tokens = 0
     id_type: pa.DataType | None = None
     fit: list[np.ndarray] | None = [np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64)] if check_fit else None
@@ -115,7 +117,7 @@ def stream_metrics(batches: Iterator[TokenBatch], tables: KernelTables, part: Pa
         for batch in _prefetch(batches) if prefetch else batches:
             m, turns = batch_metrics_and_turns(batch, tables)
             if turn_writer is not None and turns["row"].size:
-                turn_writer.write_table(_table({c: turns[c] for c in TURN_COLUMNS}, turn_writer.schema))
+                _write(turn_writer, _table({c: turns[c] for c in TURN_COLUMNS}, turn_schema))
             if fit is not None:  # a wrong tokenizer fails in seconds: its assistant header is missing from most rows
                 fit = [np.concatenate((fit[0], m["has_assistant"])), np.concatenate((fit[1], m["supervised_tokens"]))]
                 if int((fit[1] > 0).sum()) >= WRONG_TOKENIZER_MIN_ROWS:
@@ -132,8 +134,8 @@ def stream_metrics(batches: Iterator[TokenBatch], tables: KernelTables, part: Pa
             cols.update(m)
             table = _table(cols)
             if writer is None:
-                writer = _PartWriter(part, table.schema)
-            writer.write_table(table)
+                writer = ARROW_FILE.sink(part, table.schema)
+            _write(writer, table)
             rows += batch.num_rows
             tokens += int(batch.ids.size)
             if progress:
@@ -146,22 +148,9 @@ def stream_metrics(batches: Iterator[TokenBatch], tables: KernelTables, part: Pa
     return rows, tokens, checked
 
 
-class _PartWriter:
-    """An Arrow IPC file written table by table (``write_table``), closed with ``close``."""
-
-    def __init__(self, path: Path, schema: pa.Schema):
-        self.schema = schema
-        self._sink = pa.OSFile(str(path), "wb")
-        self._writer = pa.ipc.new_file(self._sink, schema)
-
-    def write_table(self, table: pa.Table) -> None:
-        self._writer.write_table(table)
-
-    def close(self) -> None:
-        try:
-            self._writer.close()
-        finally:
-            self._sink.close()
+def _write(sink, table: pa.Table) -> None:
+    for batch in table.to_batches():
+        sink.write(batch)
 
 
 def read_part(path: Path, columns: list[str] | None = None) -> pa.Table:
