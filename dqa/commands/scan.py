@@ -58,7 +58,7 @@ def scan(
     set_: List[str] = typer.Option([], "--set", help="Override a threshold: CHECK.PARAM=VALUE (repeatable)."),
     max_fail_share: float = typer.Option(0.0, help="Exit 1 when the failing share exceeds this (0..1)."),
     batch_rows: int = typer.Option(DEFAULT_BATCH_ROWS, help="Rows per streamed batch (memory is bounded by the batch)."),
-    workers: int = typer.Option(0, "--workers", "-j", help="Processes that scan parquet row groups or files in parallel; 0 (the default): the CPUs this process may run on (its affinity: taskset -c 0 means 1). Findings are the same for every N; formats that cannot be cut without reading them (JSONL, Arrow streams, conversations) and sets of one batch use one."),
+    workers: int = typer.Option(0, "--workers", "-j", help="Processes that scan parquet row groups or files in parallel; 0 (the default): the CPUs this process may run on (its affinity: taskset -c 0 means 1). Findings are the same for every N; formats that cannot be cut without reading them (JSONL, Arrow streams, conversations) and sets of one batch use one. Each worker holds a batch in memory; one that dies (out of memory) fails the scan with exit 3."),
     last_turn_only: bool = typer.Option(False, "--last-turn-only", help="Conversation JSONL: train only the last assistant turn (SpecForge's train_only_last_turn; default: every assistant turn)."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout instead of the table."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table, no progress; exit code only."),
