@@ -119,16 +119,23 @@ def _scan_with_patched_worker(tmp_path, layouts, patch: str) -> subprocess.Compl
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
 
 
+def _on_unit(k: int, action: str, otherwise: str = "pass") -> str:
+    """A patch for ``_scan_with_patched_worker``: the worker given unit ``k`` runs ``action`` (one line of Python)
+    first, the others ``otherwise``; then each scans its unit."""
+    return ("scan_unit = w._scan_unit\n"
+            "def patched(task):\n"
+            f"    if task[0] == {k}:\n"
+            f"        {action}\n"
+            "    else:\n"
+            f"        {otherwise}\n"
+            "    return scan_unit(task)\n"
+            "w._scan_unit = patched\n")
+
+
 def test_a_worker_that_dies_fails_the_scan_at_once_in_one_line(tmp_path, layouts):
     """The out-of-memory killer ends a worker with SIGKILL: the scan says so and exits 3, instead of waiting
     forever for the units that worker held (as a multiprocessing.Pool does); nothing is written."""
-    patch = ("import os, signal\nscan_unit = w._scan_unit\n"
-             "def dying(task):\n"
-             "    if task[0] == 3:\n"
-             "        os.kill(os.getpid(), signal.SIGKILL)\n"
-             "    return scan_unit(task)\n"
-             "w._scan_unit = dying\n")
-    proc = _scan_with_patched_worker(tmp_path, layouts, patch)
+    proc = _scan_with_patched_worker(tmp_path, layouts, _on_unit(3, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"))
     assert proc.returncode == 3, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "a scan worker process died" in lines[0] and "--workers" in lines[0], proc.stderr
@@ -138,13 +145,8 @@ def test_a_worker_that_dies_fails_the_scan_at_once_in_one_line(tmp_path, layouts
 def test_a_bad_row_stops_the_other_workers_even_inside_the_cli(tmp_path, layouts):
     """A unit's error stops the pool by SIGTERM. The workers are forked from the CLI, whose SIGTERM handler raises
     KeyboardInterrupt: a worker keeps it no longer, so none can swallow the signal and outlive the scan."""
-    patch = ("import time\nfrom dqa.errors import InputError\nscan_unit = w._scan_unit\n"
-             "def failing(task):\n"
-             "    if task[0] == 1:\n"
-             "        raise InputError('planted: row 80 is bad')\n"
-             "    time.sleep(0.2)\n"
-             "    return scan_unit(task)\n"
-             "w._scan_unit = failing\n"
+    patch = (_on_unit(1, "from dqa.errors import InputError; raise InputError('planted: row 80 is bad')",
+                      otherwise="import time; time.sleep(0.2)") +
              "init = w._init_worker\n"
              "def checked(*args):\n"
              "    init(*args)\n"
