@@ -44,7 +44,7 @@ turns does:
 ``no_loss``, ``length_mismatch`` and ``mask_misaligned`` judge the whole sample (they are about the
 row's mask, not a turn). A trained assistant header is misaligned unless at least half the samples
 with a trained turn train their header (TRL's DeepSeek V3 template trains ``<｜Assistant｜>``): then
-the scan takes it for the set's convention and sets those tokens aside (``scan.set_aside_trained_headers``).
+the scan takes it for the set's convention and sets those tokens aside (``scan_results.set_aside_trained_headers``).
 An end of turn left untrained in every turn (axolotl's ``train_on_eos: none``) is no finding: the trained
 span still ends at end of turn; the conventions (``eot_trained``) report it, loudly. The flagged turns' indices go to ``findings.parquet`` (``turns``).
 """

@@ -2,9 +2,10 @@
 per-sample and per-turn metrics written to work parts, in one process or in ``workers`` processes.
 
 With more than one worker the dataset is cut into ``WorkUnit``s (``Dataset.work_units``: runs of parquet
-row groups, or whole files whose row count the format records) and a ``multiprocessing`` pool scans them,
-each unit into its own pair of parts (Arrow IPC files: a hand-off between processes, read back memory-mapped,
-with no encoding on either side), while this process waits. The parts are read back in unit order, so
+row groups, or whole files whose row count the format records) and a process pool (``concurrent.futures``)
+scans them, each unit into its own pair of parts (Arrow IPC files: a hand-off between processes, with no
+encoding on either side), while this process prepares what follows the pass (``scan_parts``' ``meanwhile``)
+and loads the tokenizer the report decodes with. The parts are read back in unit order, so
 the metrics and turns tables are the ones a single process writes: every metric of a row depends only on
 the row, and the set-level checks (template shares, duplicates) count their hashes over the whole tables
 afterwards (``checks.prepare``), so their counts are exact for any cut. Findings are identical for every
