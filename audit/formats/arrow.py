@@ -28,10 +28,12 @@ _SHARD_NAME = re.compile(r"^(?P<base>.+)_(?P<rank>\d{5})_of_(?P<count>\d{5})(?P<
 
 
 class _IpcSink:
-    def __init__(self, path: Path, schema: pa.Schema, stream: bool):
+    def __init__(self, path: Path, schema: pa.Schema, stream: bool, compression: str | None = None):
         self._fh = pa.OSFile(str(path), "wb")
         try:
-            self._w: Any = pa.ipc.new_stream(self._fh, schema) if stream else pa.ipc.new_file(self._fh, schema)
+            options = pa.ipc.IpcWriteOptions(compression=compression)
+            open_ipc = pa.ipc.new_stream if stream else pa.ipc.new_file
+            self._w: Any = open_ipc(self._fh, schema, options=options)
         except BaseException:
             self._fh.close()
             raise
@@ -72,7 +74,7 @@ class ArrowFile(FileFormat):
 
     def sink(self, path: Path, schema: pa.Schema | None, compression: str | None = None) -> _IpcSink:
         assert schema is not None
-        return _IpcSink(path, schema, stream=False)
+        return _IpcSink(path, schema, stream=False, compression=compression)
 
 
 class ArrowStream(FileFormat):
@@ -98,7 +100,7 @@ class ArrowStream(FileFormat):
 
     def sink(self, path: Path, schema: pa.Schema | None, compression: str | None = None) -> _IpcSink:
         assert schema is not None
-        return _IpcSink(path, schema, stream=True)
+        return _IpcSink(path, schema, stream=True, compression=compression)
 
 
 ARROW_FILE = ArrowFile()

@@ -46,7 +46,8 @@ class FileFormat:
         return None
 
     def sink(self, path: Path, schema: pa.Schema | None, compression: str | None = None) -> Sink:
-        """Open ``path`` for writing record batches of ``schema`` in this format."""
+        """Open ``path`` for writing record batches of ``schema`` in this format, compressed with ``compression``
+        (a parquet codec; for Arrow IPC a buffer codec, ``lz4`` or ``zstd``; None: the format's default)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
