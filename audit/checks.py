@@ -53,14 +53,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from dqa.errors import InputError
 from dqa.lazy_import import lazy_module
 
-# Imported on first use: the scan checks its options with this module before its workers start, and imports
-# polars while they work (dqa.audit.scan).
-pl = lazy_module("polars")
+if TYPE_CHECKING:
+    import polars as pl
+else:  # imported on first use: the scan checks its options with this module before its workers start, and
+    pl = lazy_module("polars")  # imports polars while they work (dqa.audit.scan)
 
 
 @dataclass(frozen=True)

@@ -107,8 +107,8 @@ def run_scan(
     or options): see ``dqa.audit.identity``.
 
     Returns a ``ScanResult``. Raises ``InputError`` for unreadable or malformed
-    input or a folder holding another dataset's scan (nothing is written then) and
-    ``OSError`` for output failures.
+    input or a folder holding another dataset's scan (nothing is written then),
+    ``OSError`` for output failures, and ``RuntimeFailure`` when a worker process dies.
     """
     options = options or ScanOptions()
     t0 = time.perf_counter()

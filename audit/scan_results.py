@@ -61,14 +61,13 @@ def write_results(ds: Dataset, spec: TemplateSpec, options: ScanOptions, selecte
                        conventions)
     summary["fingerprint"] = fingerprint
     summary["truncation_cuts"] = truncation_cuts(metrics, turns, ctx.params) if "truncated" in selected else []
-    # The degenerate templates' rows are read back from the dataset and decoded while the tables are written:
-    # both wait on I/O and native code that releases the GIL.
-    with ThreadPoolExecutor(1, thread_name_prefix="dqa-templates") as pool:
-        templates = pool.submit(_templates, metrics, turns, ds, spec, options.batch_rows, rows)
-        metrics.write_parquet(work / METRICS_FILE, compression="zstd")
-        write_turns(turns, metrics["id"] if id_cols else None, work / TURNS_FILE)
-        findings.write_parquet(work / FINDINGS_FILE, compression="zstd")
-        summary["degenerate_templates"] = templates.result()
+    # The tables are written (native code that releases the GIL, a fraction of a second) while this thread reads
+    # the degenerate templates' rows back from the dataset and decodes them: that read can be long (JSONL is read
+    # from the start), and here Ctrl-C still stops it.
+    with ThreadPoolExecutor(1, thread_name_prefix="dqa-write") as pool:
+        written = pool.submit(_write_tables, metrics, turns, findings, id_cols, work)
+        summary["degenerate_templates"] = _templates(metrics, turns, ds, spec, options.batch_rows, rows)
+        written.result()
     from dqa.reports.scan_markdown import render_scan_markdown
 
     atomic.write_json(work / SUMMARY_FILE, summary)
@@ -76,15 +75,23 @@ def write_results(ds: Dataset, spec: TemplateSpec, options: ScanOptions, selecte
     return summary, metrics, findings
 
 
+def _write_tables(metrics: pl.DataFrame, turns: pl.DataFrame, findings: pl.DataFrame, id_cols: list[str],
+                  work: Path) -> None:
+    """Write ``metrics.parquet``, ``turns.parquet`` and ``findings.parquet`` into ``work``."""
+    metrics.write_parquet(work / METRICS_FILE, compression="zstd")
+    write_turns(turns, metrics["id"] if id_cols else None, work / TURNS_FILE)
+    findings.write_parquet(work / FINDINGS_FILE, compression="zstd")
+
+
 def write_turns(turns: pl.DataFrame, ids: pl.Series | None, path: Path) -> None:
     """Write ``turns.parquet`` (FORMATS.md): one row per trained assistant turn, the per-turn metrics
     (``metrics_schema.TURN_METRICS``), ``id`` after ``row`` when the dataset has ids (``ids``: the
     metrics table's id column, indexed by row), and ``reasons``: the checks that flag the turn.
 
-    ``turns`` is ``checks.evaluate_turns``'s output; it is written in row groups of ``TURNS_FILE_ROWS`` turns.
-    The reasons lists cost little beside the table they join (one list per distinct combination of checks,
-    see ``checks.with_reasons``), and one polars write compresses the columns on every core: writing the
-    table a row group at a time through pyarrow took 2-3x as long.
+    ``turns`` is ``checks.evaluate_turns``'s output; it is written in row groups of ``TURNS_FILE_ROWS`` turns,
+    by one polars write that compresses the columns on every core (a row group at a time through pyarrow took
+    2-3x as long). Its memory: the reasons lists (an offset per turn, a few strings per flagged turn) and the
+    ids gathered per turn (their length times the turns), beside a turns table of ~20 8-byte columns.
     """
     cols = [m.name for m in metrics_schema.TURN_METRICS]
     frame = checks_mod.with_reasons(turns, checks_mod.TURN_CHECKS).select(

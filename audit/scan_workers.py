@@ -16,7 +16,8 @@ in its own thread when there are as many workers as cores, else with a reader th
 A unit's error surfaces as it would in one process: the pool's results are taken in unit order, so the
 first bad row in dataset order is the one named, and the other workers are stopped. Workers ignore Ctrl-C
 and die on SIGTERM; the scan's process stops the pool. A worker that dies (the out-of-memory killer) fails
-the scan at once (``RuntimeFailure``, exit 3) instead of leaving it waiting for that worker's units.
+the scan at once (``RuntimeFailure``, exit 3) instead of leaving it waiting for that worker's units, and the
+workers die with the scan's process (Linux's parent-death signal) instead of outliving it.
 """
 
 from __future__ import annotations
@@ -190,7 +191,8 @@ def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, p
     order, rows, tokens)``. ``workers`` > 1 scans the dataset's work units in that many processes (see the module
     docstring). ``meanwhile`` is called in this process once the workers are scanning (before the pass when it runs
     here): the caller's own preparations, which then overlap the pass. Raises ``InputError`` for bad input (the first
-    in dataset order), and whatever ``meanwhile`` raises (the workers are stopped then)."""
+    in dataset order), ``RuntimeFailure`` when a worker dies (``KeyboardInterrupt`` when it was told to stop with the
+    scan's process group), and whatever ``meanwhile`` raises (the workers are stopped then)."""
     units = None
     if workers > 1:
         total = ds.num_rows
@@ -208,7 +210,8 @@ def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, p
     tasks = [(k, u, batch_rows, pairs[k], str(ds.path), threads) for k, u in enumerate(units)]
     rows = tokens = 0
     checked = False
-    executor = ProcessPoolExecutor(procs, mp_context=_context(), initializer=_init_worker, initargs=(ds, tables))
+    executor = ProcessPoolExecutor(procs, mp_context=_context(), initializer=_init_worker,
+                                   initargs=(ds, tables, os.getpid()))
     loader = threading.Thread(target=_load_quietly, args=(tables,), name="dqa-tokenizer", daemon=True)
     try:
         futures = [executor.submit(_scan_unit, task) for task in tasks]  # the workers start on the first units now
@@ -224,9 +227,9 @@ def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, p
             if progress:
                 progress(rows, tokens)
     except BrokenProcessPool:
+        procs = _workers(executor)
         _stop(executor)
-        raise RuntimeFailure(f"{ds.path}: a scan worker process died (killed by the system: out of memory?); rerun with "
-                             "fewer --workers or a smaller --batch-rows") from None
+        raise _death(procs, str(ds.path)) from None
     except BaseException:  # a bad row, Ctrl-C, meanwhile's error: the other units' work is moot
         _stop(executor)
         raise
@@ -239,17 +242,39 @@ def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, p
 
 
 def _stop(executor: ProcessPoolExecutor) -> None:
-    """Stop ``executor`` now: pending units cancelled, running ones killed (``shutdown`` alone waits for them)."""
-    terminate = getattr(executor, "terminate_workers", None)  # Python 3.14+
+    """Stop ``executor`` now: pending units cancelled, running ones killed (``shutdown`` alone waits for them), and
+    every worker joined, so that none writes into the work folder after this returns."""
+    procs = _workers(executor)
+    terminate = getattr(executor, "terminate_workers", None)  # Python 3.14+ (it does not join)
     if terminate is not None:
         terminate()
-        return
-    procs = list((getattr(executor, "_processes", None) or {}).values())  # shutdown forgets them
-    executor.shutdown(wait=False, cancel_futures=True)
-    for proc in procs:
-        proc.terminate()
+    else:
+        executor.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            proc.terminate()
     for proc in procs:
         proc.join()
+
+
+def _workers(executor: ProcessPoolExecutor) -> list:
+    """The executor's worker processes (``shutdown`` forgets them; the standard library has no public list)."""
+    return list((getattr(executor, "_processes", None) or {}).values())
+
+
+def _death(procs: list, dataset: str) -> BaseException:
+    """What a broken pool means, from how its workers ended (the pool terminates the others with SIGTERM when one
+    dies): a SIGKILL is most often the out-of-memory killer; another failure names its exit code; SIGTERM or SIGINT
+    alone means the whole process group was told to stop: an interrupt."""
+    codes = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+    stopped = (-signal.SIGTERM, -signal.SIGINT)
+    if -signal.SIGKILL in codes:
+        return RuntimeFailure(f"{dataset}: a scan worker process was killed (SIGKILL: the out-of-memory killer?); rerun "
+                              "with fewer --workers or a smaller --batch-rows")
+    failed = [c for c in codes if c not in stopped]
+    if failed or not codes:
+        return RuntimeFailure(f"{dataset}: a scan worker process died (exit {', '.join(map(str, failed)) or 'unknown'}); "
+                              "rerun with --workers 1 to see the error in this process")
+    return KeyboardInterrupt()
 
 
 def _load_quietly(tables: KernelTables) -> None:
@@ -267,13 +292,35 @@ def _context():
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(ds: Dataset, tables: KernelTables) -> None:
+def _init_worker(ds: Dataset, tables: KernelTables, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the scan process's to handle: it stops the pool
     # ... by SIGTERM, which must end a worker wherever it is. The CLI's handler, inherited through fork, raises
     # KeyboardInterrupt, which a worker blocked on the pool's queue lock could swallow and then wait forever.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _die_with_parent(parent)
     reuse_freed_memory()
     _WORKER["ds"], _WORKER["tables"] = ds, tables
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask Linux to SIGKILL this worker when the scan's process dies (``kill -9``, the out-of-memory killer): the
+    pool's queues are pipes that the workers hold open too, so an orphaned worker would wait on them forever. A no-op
+    elsewhere. ``parent``: the scan's pid, to catch a parent that died before the request was made."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _scan_unit(task) -> tuple[int, int, int, bool]:

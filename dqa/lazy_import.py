@@ -15,7 +15,9 @@ class _LazyModule:
         self._name = name
 
     def __getattr__(self, attr: str) -> Any:
-        return getattr(importlib.import_module(self._name), attr)
+        if attr.startswith("__") and attr.endswith("__"):  # copy, pickle and hasattr probes: not the module's
+            raise AttributeError(attr)
+        return getattr(importlib.import_module(object.__getattribute__(self, "_name")), attr)
 
     def __repr__(self) -> str:
         return f"<lazy module {self._name!r}>"

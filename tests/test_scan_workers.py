@@ -119,6 +119,20 @@ def _scan_with_patched_worker(tmp_path, layouts, patch: str) -> subprocess.Compl
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
 
 
+def _processes_naming(path: Path) -> list[int]:
+    """Pids of live processes whose command line names ``path`` (the scan's forked workers share its command line)."""
+    import psutil
+
+    pids = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and str(path) in " ".join(proc.info["cmdline"] or []):
+                pids.append(proc.pid)
+        except psutil.Error:
+            pass
+    return pids
+
+
 def _on_unit(k: int, action: str, otherwise: str = "pass") -> str:
     """A patch for ``_scan_with_patched_worker``: the worker given unit ``k`` runs ``action`` (one line of Python)
     first, the others ``otherwise``; then each scans its unit."""
@@ -138,8 +152,42 @@ def test_a_worker_that_dies_fails_the_scan_at_once_in_one_line(tmp_path, layouts
     proc = _scan_with_patched_worker(tmp_path, layouts, _on_unit(3, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"))
     assert proc.returncode == 3, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "a scan worker process died" in lines[0] and "--workers" in lines[0], proc.stderr
+    assert len(lines) == 1 and "worker process was killed (SIGKILL" in lines[0] and "--workers" in lines[0], proc.stderr
     assert not (tmp_path / "o").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+    assert _processes_naming(tmp_path / "o") == []
+
+
+def test_a_worker_that_fails_otherwise_names_its_exit_code(tmp_path, layouts):
+    proc = _scan_with_patched_worker(tmp_path, layouts, _on_unit(2, "import os; os._exit(7)"))
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"dqa: error: {layouts['row groups']}: a scan worker process died (exit 7); rerun with --workers 1 to see the "
+        "error in this process"]
+
+
+def test_the_workers_die_with_the_scan_when_it_is_killed(tmp_path, layouts):
+    """`kill -9` of the scan (or the out-of-memory killer choosing it) leaves no worker behind: orphans would wait
+    forever on the pool's pipes, holding a batch of memory each."""
+    import time
+
+    patch = _on_unit(0, "pass", otherwise="import time; time.sleep(60)")  # the other units wait: the pool is busy
+    code = ("import sys\nimport dqa.audit.scan_workers as w\n" + patch +
+            f"sys.argv = ['dqa', 'scan', {str(layouts['row groups'])!r}, '-t', 'qwen3.6', '--out', {str(tmp_path / 'o')!r},"
+            " '--workers', '2', '--batch-rows', '64', '--quiet']\n"
+            "from dqa.cli import main\nmain()\n")
+    scan = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while len(_processes_naming(tmp_path / "o")) < 3 and time.monotonic() < deadline:  # the scan and its 2 workers
+            time.sleep(0.2)
+        assert len(_processes_naming(tmp_path / "o")) == 3
+    finally:
+        scan.kill()
+        scan.wait()
+    deadline = time.monotonic() + 20
+    while _processes_naming(tmp_path / "o") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_naming(tmp_path / "o") == []
 
 
 def test_a_bad_row_stops_the_other_workers_even_inside_the_cli(tmp_path, layouts):
@@ -156,6 +204,7 @@ def test_a_bad_row_stops_the_other_workers_even_inside_the_cli(tmp_path, layouts
     proc = _scan_with_patched_worker(tmp_path, layouts, patch)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == "dqa: error: planted: row 80 is bad"
+    assert _processes_naming(tmp_path / "o") == []  # the other worker, asleep in its unit, was stopped and joined
 
 
 def test_numpy_and_arrow_views_round_trip_numbers_bools_and_sliced_arrays():
