@@ -222,3 +222,28 @@ def test_numpy_and_arrow_views_round_trip_numbers_bools_and_sliced_arrays():
     assert numpy_view(arrow_view(np.zeros(0, dtype=np.int64))).dtype == np.int64
     with_nulls = pa.array([1, None, 3], type=pa.int32())
     assert np.isnan(numpy_view(with_nulls)[1])  # not a view: to_numpy's copy
+
+
+def test_units_shrink_towards_the_end_so_the_workers_finish_together():
+    """Guided self-scheduling: large units first (few parts), single row groups last, so no worker waits out
+    another's large last unit; every row once, in dataset order; runs never cross a file or join whole files."""
+    from dqa.audit.readers import WorkUnit
+    from dqa.audit.scan_workers import GUIDED_SHARE, guided_units
+
+    fine = [WorkUnit(0, 100 * g, 100, (g,)) for g in range(40)]  # one file, 40 row groups of 100 rows
+    fine += [WorkUnit(1, 4000 + 100 * g, 100, (g,)) for g in range(4)]  # a second file, 4 row groups
+    fine += [WorkUnit(2, 4400, 300), WorkUnit(3, 4700, 300)]  # two Arrow files: whole-file units
+    units = guided_units(fine, workers=2)
+
+    assert [u.start_row for u in units] == sorted(u.start_row for u in units)
+    assert sum(u.rows for u in units) == 5000
+    for prev, cur in zip(units, units[1:]):
+        assert prev.start_row + prev.rows == cur.start_row
+    assert units[0].rows == 700  # about 5,000 / (GUIDED_SHARE x 2) rows, in whole row groups
+    assert GUIDED_SHARE == 4
+    assert all(u.row_groups == tuple(range(u.row_groups[0], u.row_groups[0] + len(u.row_groups)))
+               for u in units if u.row_groups)
+    sizes = [u.rows for u in units if u.file == 0]
+    assert sizes == sorted(sizes, reverse=True) and sizes[-1] == 100
+    assert [(u.file, u.rows, u.row_groups) for u in units[-2:]] == [(2, 300, None), (3, 300, None)]
+    assert guided_units(fine, workers=1)[0].rows > units[0].rows  # fewer workers, larger units
