@@ -138,13 +138,14 @@ def run_scan(
     dropped = [] if previous is None or previous.get("fingerprint") == fingerprint else identity.derived_outputs(out)
     work = atomic.make_work_dir(out)
     try:
-        parts, rows, tokens = scan_parts(ds, tables, work, options.batch_rows, progress, workers, meanwhile=_import_results)
+        metrics, turns, rows, tokens = scan_parts(ds, tables, work, options.batch_rows, progress, workers,
+                                                  meanwhile=_import_results)
         if rows == 0:
             raise InputError(f"{dataset}: no rows (an empty dataset)")
         from dqa.audit.scan_results import write_results
 
-        summary, metrics, findings = write_results(ds, spec, options, selected, params, parts, rows, tokens, work, t0,
-                                                   fingerprint)
+        summary, metrics, findings = write_results(ds, spec, options, selected, params, metrics, turns, rows, tokens,
+                                                   work, t0, fingerprint)
         # validate/gate/report outputs that live in the scan folder survive a rescan that gives the same scan.
         atomic.replace_dir(work, out, keep=lambda name: name not in SCAN_FILES and name not in dropped
                            and not name.startswith(atomic.TMP_PREFIX))

@@ -1,5 +1,5 @@
-"""What the kernel pass of a scan becomes: its parts read back, the set-level checks applied, the summary,
-and the scan folder's files written (``write_results``, called by ``dqa.audit.scan.run_scan``).
+"""What the kernel pass of a scan becomes: the set-level checks applied to its tables, the summary, and the
+scan folder's files written (``write_results``, called by ``dqa.audit.scan.run_scan``).
 
 This is the part of a scan that needs polars. ``run_scan`` imports it while the workers scan
 (``scan_workers.scan_parts``'s ``meanwhile``), so that polars' import overlaps their pass.
@@ -24,7 +24,6 @@ from dqa.audit.cuts import truncation_cuts
 from dqa.audit.readers import Dataset
 from dqa.audit.scan_folder import FINDINGS_FILE, METRICS_FILE, SUMMARY_FILE, SUMMARY_MD_FILE, TURNS_FILE
 from dqa.audit.scan_options import ScanOptions
-from dqa.audit.scan_workers import read_parts
 from dqa.audit.template import TemplateSpec
 
 TOP_TEMPLATES = 10
@@ -33,18 +32,14 @@ TURNS_FILE_ROWS = 65536  # turns per row group of turns.parquet
 
 
 def write_results(ds: Dataset, spec: TemplateSpec, options: ScanOptions, selected: list[str],
-                  params: dict[str, dict[str, Any]], parts: list[tuple[Path, Path]], rows: int, tokens: int, work: Path,
-                  t0: float, fingerprint: dict[str, Any]) -> tuple[dict[str, Any], pl.DataFrame, pl.DataFrame]:
-    """Read back the kernel parts (``scan_workers.scan_parts``; removed once read), apply the checks, and write
-    the scan files into ``work``; return ``(summary, metrics, findings)``. ``t0``: when the scan started
+                  params: dict[str, dict[str, Any]], metrics: pl.DataFrame, turns: pl.DataFrame, rows: int, tokens: int,
+                  work: Path, t0: float, fingerprint: dict[str, Any]) -> tuple[dict[str, Any], pl.DataFrame, pl.DataFrame]:
+    """Apply the checks to the kernel pass's tables (``scan_workers.scan_parts``' ``metrics`` and ``turns``) and
+    write the scan files into ``work``; return ``(summary, metrics, findings)``. ``t0``: when the scan started
     (``summary["elapsed_s"]``); ``fingerprint``: ``scan.scan_fingerprint``'s, recorded in the summary."""
-    metrics = read_parts([m for m, _ in parts])
     conventions = detect_conventions(metrics, spec)
     metrics = checks_mod.prepare(set_aside_trained_headers(metrics, conventions))
-    turns = checks_mod.prepare_turns(read_parts([t for _, t in parts]))
-    for pair in parts:
-        for f in pair:
-            f.unlink()
+    turns = checks_mod.prepare_turns(turns)
     if options.thinking == "auto":
         expected, share = checks_mod.infer_thinking(metrics, float(params["scan"]["thinking_min_share"]))
     else:

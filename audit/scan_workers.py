@@ -155,13 +155,6 @@ def _write(sink, table: pa.Table) -> None:
         sink.write(batch)
 
 
-def read_part(path: Path, columns: list[str] | None = None) -> pa.Table:
-    """A part written by ``stream_metrics`` (all of it, or ``columns``), memory-mapped."""
-    with pa.memory_map(str(path)) as source:
-        table = pa.ipc.open_file(source).read_all()
-    return table if columns is None else table.select(columns)
-
-
 def _table(cols: dict[str, Any], schema: pa.Schema | None = None) -> pa.Table:
     """A table of numpy or Arrow columns, cast to ``schema`` when given (``arrow_view``, not ``pa.table``: that
     imports pandas on first use, to check for a DataFrame)."""
@@ -176,19 +169,30 @@ def _turn_schema() -> pa.Schema:
 
 
 
-def read_parts(paths: list[Path]):
-    """The parts' rows in order as one polars table (a unit whose ids came as another Arrow type is cast)."""
+def read_part_pair(pair: tuple[Path, Path]) -> tuple[Any, Any]:
+    """A unit's ``(metrics part, turns part)`` read into two polars tables, the files removed once read."""
     import polars as pl
 
-    frames = [pl.read_ipc(p) for p in paths]
+    tables = pl.read_ipc(pair[0]), pl.read_ipc(pair[1])
+    for f in pair:
+        f.unlink()
+    return tables
+
+
+def _concat(frames: list) -> Any:
+    """The units' tables in order as one (a unit whose ids came as another Arrow type is cast)."""
+    import polars as pl
+
     return frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical_relaxed")
 
 
 def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, progress: ProgressFn | None,
-               workers: int, meanwhile: Callable[[], None] | None = None) -> tuple[list[tuple[Path, Path]], int, int]:
-    """Run the kernels over ``ds`` into parts under ``work``; return ``([(metrics part, turns part)...] in dataset
-    order, rows, tokens)``. ``workers`` > 1 scans the dataset's work units in that many processes (see the module
-    docstring). ``meanwhile`` is called in this process once the workers are scanning (before the pass when it runs
+               workers: int, meanwhile: Callable[[], None] | None = None) -> tuple[Any, Any, int, int]:
+    """Run the kernels over ``ds`` into parts under ``work``; return ``(metrics, turns, rows, tokens)``: the kernels'
+    per-sample and per-turn tables (polars) in dataset order (None for an empty dataset), read back from the parts,
+    which are then removed. With
+    a pool each unit's parts are read as soon as the unit and those before it are done, while the workers scan the
+    next ones. ``workers`` > 1 scans the dataset's work units in that many processes (see the module docstring). ``meanwhile`` is called in this process once the workers are scanning (before the pass when it runs
     here): the caller's own preparations, which then overlap the pass. Raises ``InputError`` for bad input (the first
     in dataset order), ``RuntimeFailure`` when a worker dies (``KeyboardInterrupt`` when it was told to stop with the
     scan's process group), and whatever ``meanwhile`` raises (the workers are stopped then)."""
@@ -201,13 +205,16 @@ def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, p
             meanwhile()
         pair = (work / "metrics.part.arrow", work / "turns.part.arrow")
         rows, tokens, _ = stream_metrics(ds.batches(batch_rows), tables, pair[0], progress, pair[1], str(ds.path))
-        return [pair], rows, tokens
+        if not rows:  # no metrics part was written
+            return None, None, 0, 0
+        return *read_part_pair(pair), rows, tokens
     pairs = [(work / f"metrics.part-{k:05d}.arrow", work / f"turns.part-{k:05d}.arrow") for k in range(len(units))]
     procs = min(workers, len(units))
     threads = default_workers() > procs  # spare cores: each worker reads ahead and decodes with threads too
     tasks = [(k, u, batch_rows, pairs[k], str(ds.path), threads) for k, u in enumerate(units)]
     rows = tokens = 0
     checked = False
+    read: list[tuple[Any, Any]] = []  # the units' (metrics, turns) tables, in order
     executor = ProcessPoolExecutor(procs, mp_context=_context(), initializer=_init_worker,
                                    initargs=(ds, tables, os.getpid()))
     loader = threading.Thread(target=_load_quietly, args=(tables,), name="dqa-tokenizer", daemon=True)
@@ -222,6 +229,9 @@ def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, p
             k, n_rows, n_tokens, fit = future.result()
             rows, tokens = rows + n_rows, tokens + n_tokens
             checked = checked or (k == 0 and fit)
+            # Read back now, while the workers scan the next units, instead of after the last one (~0.07 s of the
+            # 200M-token sets' serial tail). polars was imported by ``meanwhile`` (the scan's own tail needs it).
+            read.append(read_part_pair(pairs[k]))
             if progress:
                 progress(rows, tokens)
     except BrokenProcessPool:
@@ -235,8 +245,8 @@ def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, p
     if loader.is_alive():
         loader.join()
     if not checked:  # the first unit held too few supervised rows: check on the first rows of the set, as one process does
-        _check_fit_of_parts([m for m, _ in pairs], tables, str(ds.path))
-    return pairs, rows, tokens
+        _check_fit_of_units([m for m, _ in read], tables, str(ds.path))
+    return _concat([m for m, _ in read]), _concat([t for _, t in read]), rows, tokens
 
 
 def guided_units(units: list[WorkUnit], workers: int) -> list[WorkUnit]:
@@ -355,12 +365,13 @@ def _scan_unit(task) -> tuple[int, int, int, bool]:
     return k, rows, tokens, fit
 
 
-def _check_fit_of_parts(parts: list[Path], tables: KernelTables, dataset: str) -> None:
+def _check_fit_of_units(metrics: list, tables: KernelTables, dataset: str) -> None:
+    """``check_format_fits`` on the first units' rows (``metrics``: their tables, in order), as many as hold
+    ``WRONG_TOKENIZER_MIN_ROWS`` supervised rows (or the whole set)."""
     has, sup = [], []
-    for p in parts:  # until WRONG_TOKENIZER_MIN_ROWS supervised rows are in (or the set ends)
-        t = read_part(p, ["has_assistant", "supervised_tokens"])
-        has.append(t["has_assistant"].to_numpy())
-        sup.append(t["supervised_tokens"].to_numpy())
+    for m in metrics:
+        has.append(m["has_assistant"].to_numpy())
+        sup.append(m["supervised_tokens"].to_numpy())
         if int((np.concatenate(sup) > 0).sum()) >= WRONG_TOKENIZER_MIN_ROWS:
             check_format_fits(np.concatenate(has), np.concatenate(sup), tables.spec, dataset)
             return

@@ -1,6 +1,6 @@
 """Benchmark: `dqa scan` (all checks) against the floor and against a per-row Python loop.
 
-One run, four contestants, each in its own process so that peak RSS is its own:
+One run, each contestant in its own process so that peak RSS is its own:
 
 - floor: pyarrow reads the two token columns batch by batch and numpy sums the mask;
   nothing can scan faster than reading the data. The goal is stated against this floor, which
@@ -11,6 +11,9 @@ One run, four contestants, each in its own process so that peak RSS is its own:
 - dqa-1core: the same pinned to one core (``taskset -c 0``): issue 22's "its own one-core time".
 - dqa-workers: ``--workers`` = this machine's cores (``os.cpu_count()``); its peak RSS is the sum
   over its process tree (the pool's workers included), sampled every 20 ms.
+- side by side: dqa-1core on every core at once, each pinned to its own core and scanning the whole set: how
+  much slower one scan runs while the others run, which caps what any split across the cores can reach (printed
+  as the machine's ceiling, with dqa-workers' share of it).
 - loop: what a typical preprocessing script does: iterate rows as Python lists, sum the
   mask, decode the supervised tokens with the tokenizer and count identical texts. It runs on
   a prefix of the set (``--loop-rows``) because it is slow; it is compared by tokens/s.
@@ -223,12 +226,12 @@ def _tree_rss_mib(pid: int) -> float:
     return total / 2**20
 
 
-def _measure(kind: str, data: Path, loop_rows: int) -> dict:
+def _measure(kind: str, data: Path, loop_rows: int, cpu: int = 0) -> dict:
     import threading
 
     cmd = [sys.executable, __file__, "--child", kind, "--data", str(data), "--loop-rows", str(loop_rows)]
     if kind == "dqa-1core":
-        cmd = ["taskset", "-c", "0", *cmd]
+        cmd = ["taskset", "-c", str(cpu), *cmd]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     tree_peak = [0.0]
     done = threading.Event()
@@ -253,6 +256,19 @@ def _measure(kind: str, data: Path, loop_rows: int) -> dict:
     return result
 
 
+def _side_by_side(data: Path, loop_rows: int) -> list[dict]:
+    """The one-core scan run on every core at once (each pinned to its own, each scanning the whole set): how much
+    slower a scan runs while the other cores scan too (shared caches, memory bandwidth, the kernel's page handling).
+    That slowdown bounds any split of the work across the cores, before a single serial step. Empty on one core."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return []
+    with ThreadPoolExecutor(len(cpus)) as pool:
+        return list(pool.map(lambda c: _measure("dqa-1core", data, loop_rows, cpu=c), cpus))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=float, default=200e6)
@@ -268,6 +284,7 @@ def main() -> None:
         return
     data = make_dataset(args.data, args.tokens, turns=args.turns)
     results = {k: _measure(k, data, args.loop_rows) for k in ("floor", "floor-mmap", "dqa", "dqa-1core", "dqa-workers", "loop")}
+    side_by_side = _side_by_side(data, args.loop_rows)
     d = results["dqa"]
     print(f"dataset: {data.name}, {results['floor']['tokens'] / 1e6:,.1f}M tokens, {d['rows']:,} samples, "
           f"{d['turns']:,} trained turns ({d['turns'] / d['rows']:.2f} per sample), {d['failing_rows']:,} failing samples")
@@ -290,6 +307,12 @@ def main() -> None:
     print(f"dqa --workers {os.cpu_count()}: {one['wall_s'] / w['wall_s']:.2f}x its own one-core time (goal >= 1.8x); "
           f"{w['wall_s'] / f['wall_s']:.2f}x the floor's wall, {w['wall_s'] / fm['wall_s']:.2f}x the memory-mapped floor's (goal <= 1.25x); "
           f"peak RSS of its processes {w['tree_peak_rss_mib']:.0f} MiB (goal <= 2048); load {os.getloadavg()[0]:.1f}")
+    if side_by_side:
+        n, each = len(side_by_side), sum(r["wall_s"] for r in side_by_side) / len(side_by_side)
+        ceiling = n * one["wall_s"] / each
+        print(f"the machine's ceiling: {n} one-core scans side by side, one per core, took {each:.2f} s each, "
+              f"{each / one['wall_s']:.2f}x the lone one-core run, so no {n}-way split can beat {ceiling:.2f}x its one-core "
+              f"time here; dqa --workers {n} reached {one['wall_s'] / w['wall_s'] / ceiling:.0%} of that ceiling")
 
 
 if __name__ == "__main__":
