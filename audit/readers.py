@@ -167,15 +167,16 @@ class Dataset:
                 except (pa.ArrowException, OSError) as exc:
                     raise InputError(f"{f}: unreadable parquet file ({short(exc)})") from None
                 sizes = np.array([meta.row_group(g).num_rows for g in range(meta.num_row_groups)], dtype=np.int64)
+                cum = np.cumsum(sizes)  # rows through each row group
                 # Runs of row groups: a new run starts where the rows since the last start reach min_rows.
-                group = 0
+                group = before = 0  # the run's first row group, and the file's rows before it
                 while group < sizes.size:  # one iteration per unit, not per row
-                    cum = np.cumsum(sizes[group:])
-                    end = group + min(int(np.searchsorted(cum, max(min_rows, 1), side="left")) + 1, sizes.size - group)
-                    n = int(sizes[group:end].sum())
+                    end = min(int(np.searchsorted(cum, before + max(min_rows, 1), side="left")) + 1, sizes.size)
+                    n = int(cum[end - 1]) - before
                     if n:
                         units.append(WorkUnit(k, start, n, tuple(range(group, end))))
                     start += n
+                    before += n
                     group = end
                 continue
             n = fmt.num_rows(f)

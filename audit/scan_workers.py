@@ -2,10 +2,11 @@
 per-sample and per-turn metrics written to work parts, in one process or in ``workers`` processes.
 
 With more than one worker the dataset is cut into ``WorkUnit``s (``Dataset.work_units``: runs of parquet
-row groups, or whole files whose row count the format records; joined into units that shrink towards the end of
-the set, ``guided_units``) and a process pool (``concurrent.futures``) scans them, each unit into its own pair of parts (Arrow IPC files, lz4-compressed: a hand-off between processes,
-with no parquet encoding on either side), while this process prepares what follows the pass (``scan_parts``' ``meanwhile``)
-and loads the tokenizer the report decodes with. The parts are read back in unit order, so
+row groups, or whole files whose row count the format records), joined into units that shrink towards the end
+of the set (``guided_units``), and a process pool (``concurrent.futures``) scans them, each unit into its own
+pair of parts (Arrow IPC files, lz4-compressed: a hand-off between processes, with no parquet encoding on either
+side), while this process prepares what follows the pass (``scan_parts``' ``meanwhile``) and loads the tokenizer
+the report decodes with. The parts are read back in unit order, so
 the metrics and turns tables are the ones a single process writes: every metric of a row depends only on
 the row, and the set-level checks (template shares, duplicates) count their hashes over the whole tables
 afterwards (``checks.prepare``), so their counts are exact for any cut. Findings are identical for every
@@ -107,7 +108,7 @@ def stream_metrics(batches: Iterator[TokenBatch], tables: KernelTables, part: Pa
     (``check_format_fits``, naming ``dataset``) as soon as they hold ``WRONG_TOKENIZER_MIN_ROWS`` supervised
     rows; ``fit_checked`` says whether that happened. Raises ``InputError`` for bad input."""
     writer = None
-    # The parts are work files, read back once at the end: Arrow IPC with lz4 buffers, a third of the parquet
+    # The parts are work files, read back once after the pass: Arrow IPC with lz4 buffers, a third of the parquet
     # parts' write time and smaller on disk (they sit beside the output, which may be short of space).
     turn_schema = _turn_schema()
     turn_writer = ARROW_FILE.sink(turns_part, turn_schema, PART_CODEC) if turns_part is not None else None
@@ -190,9 +191,8 @@ def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, p
                workers: int, meanwhile: Callable[[], None] | None = None) -> tuple[Any, Any, int, int]:
     """Run the kernels over ``ds`` into parts under ``work``; return ``(metrics, turns, rows, tokens)``: the kernels'
     per-sample and per-turn tables (polars) in dataset order (None for an empty dataset), read back from the parts,
-    which are then removed. With
-    a pool each unit's parts are read as soon as the unit and those before it are done, while the workers scan the
-    next ones. ``workers`` > 1 scans the dataset's work units in that many processes (see the module docstring). ``meanwhile`` is called in this process once the workers are scanning (before the pass when it runs
+    which are then removed. ``workers`` > 1 scans the dataset's work units in that many processes (see the module
+    docstring). ``meanwhile`` is called in this process once the workers are scanning (before the pass when it runs
     here): the caller's own preparations, which then overlap the pass. Raises ``InputError`` for bad input (the first
     in dataset order), ``RuntimeFailure`` when a worker dies (``KeyboardInterrupt`` when it was told to stop with the
     scan's process group), and whatever ``meanwhile`` raises (the workers are stopped then)."""
@@ -214,7 +214,6 @@ def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, p
     tasks = [(k, u, batch_rows, pairs[k], str(ds.path), threads) for k, u in enumerate(units)]
     rows = tokens = 0
     checked = False
-    read: list[tuple[Any, Any]] = []  # the units' (metrics, turns) tables, in order
     executor = ProcessPoolExecutor(procs, mp_context=_context(), initializer=_init_worker,
                                    initargs=(ds, tables, os.getpid()))
     loader = threading.Thread(target=_load_quietly, args=(tables,), name="dqa-tokenizer", daemon=True)
@@ -229,9 +228,6 @@ def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, p
             k, n_rows, n_tokens, fit = future.result()
             rows, tokens = rows + n_rows, tokens + n_tokens
             checked = checked or (k == 0 and fit)
-            # Read back now, while the workers scan the next units, instead of after the last one (~0.07 s of the
-            # 200M-token sets' serial tail). polars was imported by ``meanwhile`` (the scan's own tail needs it).
-            read.append(read_part_pair(pairs[k]))
             if progress:
                 progress(rows, tokens)
     except BrokenProcessPool:
@@ -241,7 +237,10 @@ def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, p
     except BaseException:  # a bad row, Ctrl-C, meanwhile's error: the other units' work is moot
         _stop(executor)
         raise
+    # The parts are read back once the workers have exited: read during the pass (0.07 s less serial tail on the
+    # 200M-token sets), the set's tables would sit beside every worker's retained heap, raising the scan's peak.
     executor.shutdown()
+    read = [read_part_pair(pair) for pair in pairs]
     if loader.is_alive():
         loader.join()
     if not checked:  # the first unit held too few supervised rows: check on the first rows of the set, as one process does
@@ -249,27 +248,37 @@ def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, p
     return _concat([m for m, _ in read]), _concat([t for _, t in read]), rows, tokens
 
 
-def guided_units(units: list[WorkUnit], workers: int) -> list[WorkUnit]:
-    """``units`` (the dataset's finest cuts, in order) joined into runs that shrink towards the end of the set
-    (guided self-scheduling): each run takes about 1 / (``GUIDED_SHARE`` x ``workers``) of the rows still to scan,
-    so the first units are large (few parts) and the last are single cuts, after which the workers finish within
-    about one cut of each other instead of one waiting out the other's last large unit (a third of a second of an
-    idle core on the 200M-token sets, seen). Only neighbouring row-group runs of one file are joined. Returns the
-    units in dataset order."""
-    out: list[WorkUnit] = []
-    remaining = sum(u.rows for u in units)
+def guided_units(cuts: list[WorkUnit], workers: int) -> list[WorkUnit]:
+    """``cuts`` (the dataset's finest units, in order: ``Dataset.work_units(batch_rows)``) joined into units that
+    shrink towards the end of the set (guided self-scheduling): each unit is the shortest run of neighbouring cuts
+    whose rows reach 1 / (``GUIDED_SHARE`` x ``workers``) of the rows not yet in a unit, or the rest of its file.
+    The first units are large (few parts) and the last are single cuts, so the workers finish within about one cut
+    of each other instead of one waiting out the other's last large unit (a third of a second of an idle core on
+    the 200M-token sets, seen). Only row-group cuts of one file are joined. Returns the units in dataset order."""
+    runs: list[list[WorkUnit]] = []
+    remaining = sum(c.rows for c in cuts)
+    rows = 0  # in runs[-1]
     target = 0.0
-    for u in units:
-        last = out[-1] if out else None
-        if (last is not None and last.rows < target and last.file == u.file and last.row_groups is not None
-                and u.row_groups is not None):
-            out[-1] = WorkUnit(last.file, last.start_row, last.rows + u.rows, last.row_groups + u.row_groups)
+    for c in cuts:
+        last = runs[-1][-1] if runs else None
+        if (last is not None and rows < target and last.file == c.file and last.row_groups is not None
+                and c.row_groups is not None):
+            runs[-1].append(c)
+            rows += c.rows
         else:
-            if last is not None:
-                remaining -= last.rows
+            remaining -= rows
             target = remaining / (GUIDED_SHARE * workers)
-            out.append(u)
-    return out
+            runs.append([c])
+            rows = c.rows
+    return [_joined(run) for run in runs]
+
+
+def _joined(run: list[WorkUnit]) -> WorkUnit:
+    """One unit of neighbouring row-group cuts of one file (the cut itself when alone)."""
+    if len(run) == 1:
+        return run[0]
+    groups = tuple(g for c in run for g in c.row_groups or ())
+    return WorkUnit(run[0].file, run[0].start_row, sum(c.rows for c in run), groups)
 
 
 def _stop(executor: ProcessPoolExecutor) -> None:

@@ -225,25 +225,51 @@ def test_numpy_and_arrow_views_round_trip_numbers_bools_and_sliced_arrays():
 
 
 def test_units_shrink_towards_the_end_so_the_workers_finish_together():
-    """Guided self-scheduling: large units first (few parts), single row groups last, so no worker waits out
-    another's large last unit; every row once, in dataset order; runs never cross a file or join whole files."""
+    """Guided self-scheduling: each unit is the shortest run of neighbouring row-group cuts of one file whose rows
+    reach 1/(GUIDED_SHARE x workers) of the rows not yet in a unit, or the rest of its file; whole-file cuts (Arrow
+    files) stay alone. Large units first (few parts), single cuts last, so no worker waits out another's large last
+    unit. Every row once, in dataset order."""
     from dqa.audit.readers import WorkUnit
     from dqa.audit.scan_workers import GUIDED_SHARE, guided_units
 
-    fine = [WorkUnit(0, 100 * g, 100, (g,)) for g in range(40)]  # one file, 40 row groups of 100 rows
-    fine += [WorkUnit(1, 4000 + 100 * g, 100, (g,)) for g in range(4)]  # a second file, 4 row groups
-    fine += [WorkUnit(2, 4400, 300), WorkUnit(3, 4700, 300)]  # two Arrow files: whole-file units
-    units = guided_units(fine, workers=2)
+    cuts = [WorkUnit(0, 100 * g, 100, (g,)) for g in range(40)]  # one file, 40 row groups of 100 rows
+    cuts += [WorkUnit(1, 4000 + 100 * g, 100, (g,)) for g in range(4)]  # a second file, 4 row groups
+    cuts += [WorkUnit(2, 4400, 300), WorkUnit(3, 4700, 300)]  # two Arrow files: whole-file cuts
+    units = guided_units(cuts, workers=2)
 
-    assert [u.start_row for u in units] == sorted(u.start_row for u in units)
-    assert sum(u.rows for u in units) == 5000
-    for prev, cur in zip(units, units[1:]):
-        assert prev.start_row + prev.rows == cur.start_row
-    assert units[0].rows == 700  # about 5,000 / (GUIDED_SHARE x 2) rows, in whole row groups
-    assert GUIDED_SHARE == 4
-    assert all(u.row_groups == tuple(range(u.row_groups[0], u.row_groups[0] + len(u.row_groups)))
-               for u in units if u.row_groups)
-    sizes = [u.rows for u in units if u.file == 0]
-    assert sizes == sorted(sizes, reverse=True) and sizes[-1] == 100
-    assert [(u.file, u.rows, u.row_groups) for u in units[-2:]] == [(2, 300, None), (3, 300, None)]
-    assert guided_units(fine, workers=1)[0].rows > units[0].rows  # fewer workers, larger units
+    rows_before, remaining, i = 0, 5000, 0
+    for u in units:
+        assert u.start_row == rows_before
+        run = cuts[i:i + max(len(u.row_groups or ()), 1)]
+        assert u.rows == sum(c.rows for c in run) and {c.file for c in run} == {u.file}
+        assert u.row_groups == (tuple(g for c in run for g in c.row_groups) if u.row_groups else None)
+        target = remaining / (GUIDED_SHARE * 2)
+        file_ends = i + len(run) == len(cuts) or cuts[i + len(run)].file != u.file
+        assert u.rows >= target or file_ends or u.row_groups is None  # long enough, or the file ran out
+        assert u.rows - run[-1].rows < target  # and no longer than that
+        rows_before, remaining, i = rows_before + u.rows, remaining - u.rows, i + len(run)
+    assert i == len(cuts) and rows_before == 5000
+    if GUIDED_SHARE == 4:  # the default, spelled out
+        assert [u.rows for u in units] == [700, 600, 500, 400, 400, 300, 300, 300, 200, 200, 100, 200, 100, 100, 300, 300]
+    assert guided_units(cuts, workers=1)[0].rows > units[0].rows  # fewer workers, larger units
+
+
+def test_the_pool_is_given_units_that_shrink_towards_the_end(tmp_path, layouts):
+    """From the CLI: the workers get the guided units of the set's row groups, in order, largest first."""
+    data = tmp_path / "groups-of-10.parquet"
+    pq.write_table(pq.read_table(layouts["row groups"]), data, row_group_size=10)  # 60 row groups of 10 rows
+    log = tmp_path / "units.log"
+    patch = ("scan_unit = w._scan_unit\n"
+             "def logged(task):\n"
+             f"    with open({str(log)!r}, 'a') as f:\n"
+             "        f.write(f'{task[0]} {task[1].start_row} {task[1].rows}\\n')\n"
+             "    return scan_unit(task)\n"
+             "w._scan_unit = logged\n")
+    proc = _scan_with_patched_worker(tmp_path, {"row groups": data}, patch)
+    assert proc.returncode == 1, proc.stderr  # defects found, as planted
+    units = sorted(tuple(map(int, line.split())) for line in log.read_text().splitlines())
+    sizes = [n for _, _, n in units]
+    assert [k for k, _, _ in units] == list(range(len(units)))
+    assert [start for _, start, _ in units] == [sum(sizes[:k]) for k in range(len(sizes))] and sum(sizes) == 600
+    # --batch-rows 64: cuts of 7 row groups (70 rows); the first unit joins two, the last is the file's rest
+    assert sizes == [140, 70, 70, 70, 70, 70, 70, 40]
