@@ -37,6 +37,7 @@ from dqa.audit.token_columns import (
 from dqa.errors import InputError
 
 MAX_BATCH_TOKENS = 8_000_000
+SEEK_ROWS = 128  # rows per batch when reading a few rows out of a row group (``Dataset.batches_with_rows``)
 
 PARQUET_SUFFIXES = formats.suffixes("parquet")
 ARROW_SUFFIXES = formats.suffixes("arrow")
@@ -202,9 +203,11 @@ class Dataset:
     def batches_with_rows(self, rows: Iterable[int], batch_rows: int = 4096) -> Iterator[TokenBatch]:
         """Yield token batches that together hold every dataset row in ``rows`` (and maybe others).
 
-        Parquet reads only the row groups holding those rows (located from the file footers) and
-        yields one single-row batch per wanted row (flattening a whole row group for a few rows cost
-        more than reading it); other formats stream from the start and stop after the last wanted row.
+        Parquet reads only the row groups holding those rows (located from the file footers), memory-mapped, in
+        batches of ``SEEK_ROWS`` up to the group's last wanted row, and yields one single-row batch per wanted row
+        (decoding a whole row group for one row faulted ~10x the fresh pages and took ~2x the time of stopping
+        early, measured on 2,048-row groups; flattening a whole group for a few rows cost more than reading it);
+        other formats stream from the start and stop after the last wanted row.
         """
         want = np.unique(np.fromiter(rows, dtype=np.int64))
         if want.size == 0:
@@ -220,18 +223,24 @@ class Dataset:
         start = 0
         tokens = [self.columns.ids, self.columns.supervision]
         for f in self.files:
-            pf = pq.ParquetFile(f)
+            pf = pq.ParquetFile(f, memory_map=True)
             for g in range(pf.metadata.num_row_groups):
                 n = pf.metadata.row_group(g).num_rows
-                if np.any((want >= start) & (want < start + n)):
-                    try:
-                        rb = pf.read_row_group(g, columns=self._needed())
-                    except (pa.ArrowException, OSError) as exc:
-                        raise InputError(f"{f}: unreadable parquet file ({short(exc)})") from None
-                    for row in want[(want >= start) & (want < start + n)]:  # a few rows, not the group's
-                        one = rb.slice(int(row) - start, 1).combine_chunks().to_batches()[0]
-                        piece, _ = flatten_token_lists(one, tokens, f, int(row))
-                        yield to_token_batch(piece, self.columns, f, int(row))
+                here = want[(want >= start) & (want < start + n)]  # a few rows, not the group's
+                seen = start
+                try:
+                    batches = pf.iter_batches(SEEK_ROWS, row_groups=[g], columns=self._needed(), use_threads=False)
+                    while here.size:
+                        rb = next(batches, None)
+                        if rb is None:
+                            raise InputError(f"{f}: row group {g} holds fewer rows than its footer says ({n})")
+                        for row in here[here < seen + rb.num_rows]:
+                            piece, _ = flatten_token_lists(rb.slice(int(row) - seen, 1), tokens, f, int(row))
+                            yield to_token_batch(piece, self.columns, f, int(row))
+                        here = here[here >= seen + rb.num_rows]
+                        seen += rb.num_rows
+                except (pa.ArrowException, OSError) as exc:
+                    raise InputError(f"{f}: unreadable parquet file ({short(exc)})") from None
                 start += n
 
 

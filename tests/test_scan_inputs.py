@@ -349,3 +349,18 @@ def test_templates_are_decoded_from_the_rows_that_hold_them_read_from_their_row_
     summary = run_scan(tmp_path / "d.parquet", tmp_path / "o").summary
     assert summary["degenerate_templates"][0]["text"] == "<think>\n\n</think>\n\nOK.<|im_end|>"
     assert summary["degenerate_templates"][0]["example_row"] == 30
+
+
+def test_rows_read_back_from_inside_large_row_groups_are_the_rows_asked_for(rows, tmp_path, monkeypatch):
+    """A row group is read in batches of SEEK_ROWS up to its last wanted row: rows on either side of a batch
+    boundary, in several groups of a file, come back whole and in order."""
+    from dqa.audit import readers
+
+    monkeypatch.setattr(readers, "SEEK_ROWS", 3)  # batch boundaries at 3, 6, ... inside each 8-row group
+    pq.write_table(table_of(rows), tmp_path / "d.parquet", row_group_size=8)
+    ds = readers.open_dataset(tmp_path / "d.parquet")
+    whole = {b.start_row + r: b.ids[b.offsets[r]:b.offsets[r + 1]].tolist() for b in ds.batches() for r in range(b.num_rows)}
+    wanted = [0, 2, 3, 7, 8, 14, 15, 41]
+    got = list(ds.batches_with_rows(reversed(wanted)))
+    assert [(b.start_row, b.num_rows) for b in got] == [(r, 1) for r in wanted]
+    assert [b.ids.tolist() for b in got] == [whole[r] for r in wanted]
