@@ -27,6 +27,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
+from dqa.arrays import sorted_unique
 from dqa.audit import formats
 from dqa.audit.dataset_files import detect_files, read_schema
 from dqa.audit.formats.base import short
@@ -209,7 +210,7 @@ class Dataset:
         early, measured on 2,048-row groups; flattening a whole group for a few rows cost more than reading it);
         other formats stream from the start and stop after the last wanted row.
         """
-        want = np.unique(np.fromiter(rows, dtype=np.int64))
+        want = sorted_unique(np.fromiter(rows, dtype=np.int64))
         if want.size == 0:
             return
         if not formats.get(self.format).row_groups:

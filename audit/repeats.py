@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dqa.arrays import ranks
+from dqa.arrays import ranks, sorted_unique
 from dqa.audit.sequence_hash import _A
 
 NGRAM = 8  # n-gram length for repetition
@@ -217,7 +217,7 @@ def _row_and_turn_repeat_shares(sup_mix: np.ndarray, pos: np.ndarray, h: np.ndar
     if rbits + tbits > KEY_INDEX_BITS:
         return _row_and_turn_repeat_shares_by_two_sorts(sup_mix, pos, h, lo, hi, t_lo, t_hi, t_row)
     T, H = np.uint64(tbits), np.uint64(40 + tbits)
-    steps = np.unique(np.maximum(np.concatenate(([0], lo, hi - (NGRAM - 1), t_lo, t_hi - (NGRAM - 1))), 0))
+    steps = sorted_unique(np.maximum(np.concatenate(([0], lo, hi - (NGRAM - 1), t_lo, t_hi - (NGRAM - 1))), 0))
     r = np.searchsorted(lo, steps, side="right") - 1
     in_row = (r >= 0) & (steps + NGRAM <= hi[np.maximum(r, 0)])
     j = np.searchsorted(t_lo, steps, side="right") - 1
@@ -265,7 +265,7 @@ def _sort_by_row_blocks(key: np.ndarray, per_row: np.ndarray) -> None:
     if total <= SORT_BLOCK:
         key.sort()
         return
-    cuts = np.unique(ends[np.searchsorted(ends, np.arange(SORT_BLOCK, total, SORT_BLOCK), side="left")])
+    cuts = sorted_unique(ends[np.searchsorted(ends, np.arange(SORT_BLOCK, total, SORT_BLOCK), side="left")])
     start = 0
     for end in cuts.tolist():
         key[start:end].sort()

@@ -180,6 +180,17 @@ def read_part_pair(pair: tuple[Path, Path]) -> tuple[Any, Any]:
     return tables
 
 
+def read_parts(pairs: list[tuple[Path, Path]], threads: int) -> list[tuple[Any, Any]]:
+    """``read_part_pair`` of every pair, in order, on up to ``threads`` threads: polars decodes without the GIL, and
+    this is the serial tail of a pooled scan (0.26 s for 565K rows on one thread, 2 cores)."""
+    if threads < 2 or len(pairs) < 2:
+        return [read_part_pair(pair) for pair in pairs]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(threads, len(pairs)), thread_name_prefix="dqa-parts") as pool:
+        return list(pool.map(read_part_pair, pairs))
+
+
 def _concat(frames: list) -> Any:
     """The units' tables in order as one (a unit whose ids came as another Arrow type is cast)."""
     import polars as pl
@@ -240,7 +251,7 @@ def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, p
     # The parts are read back once the workers have exited: read during the pass (0.07 s less serial tail on the
     # 200M-token sets), the set's tables would sit beside every worker's retained heap, raising the scan's peak.
     executor.shutdown()
-    read = [read_part_pair(pair) for pair in pairs]
+    read = read_parts(pairs, procs)
     if loader.is_alive():
         loader.join()
     if not checked:  # the first unit held too few supervised rows: check on the first rows of the set, as one process does

@@ -15,6 +15,8 @@ from typing import Protocol
 
 import numpy as np
 
+from dqa.arrays import sorted_unique
+
 _K = 0x9E3779B97F4A7C15  # odd multiplier of the polynomial sequence hash
 _K_INV = pow(_K, -1, 1 << 64)
 _A, _B, _C = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0xD6E8FEB86659FD93)
@@ -83,7 +85,7 @@ class _RangeSums:
     """
 
     def __init__(self, values: np.ndarray, points: np.ndarray):
-        self.points = np.unique(np.concatenate(([0], points)))  # sorted; 0 <= point <= values.size
+        self.points = sorted_unique(np.concatenate(([0], points)))  # sorted; 0 <= point <= values.size
         self.prefix = np.zeros(self.points.size, dtype=np.uint64)
         inner = self.points[self.points < values.size]
         if inner.size:

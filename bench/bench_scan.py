@@ -19,6 +19,9 @@ One run, each contestant in its own process so that peak RSS is its own:
   mask, decode the supervised tokens with the tokenizer and count identical texts. It runs on
   a prefix of the set (``--loop-rows``) because it is slow; it is compared by tokens/s.
 
+dqa's modules are compiled to bytecode first (``compileall``), as ``pip install`` compiles them: a checkout whose
+environment sets PYTHONDONTWRITEBYTECODE=1 would otherwise compile them in every contestant.
+
 Usage:
     python bench/bench_scan.py [--tokens 200e6] [--turns 1|3] [--data bench/data/scan.parquet] [--rounds 3]
 
@@ -270,6 +273,18 @@ def _measure(kind: str, data: Path, loop_rows: int, cpu: int = 0) -> dict:
     return result
 
 
+def _compile_dqa() -> None:
+    """Write the bytecode of dqa's modules, as ``pip install`` does: a checkout run with PYTHONDONTWRITEBYTECODE=1
+    (this sandbox sets it) would otherwise compile them from source in every contestant (40-60 ms of serial import
+    that an installed dqa never pays, in dqa-1core and dqa-workers alike)."""
+    import compileall
+    import importlib
+
+    for name in ("dqa", "dqa.audit", "dqa.regen", "dqa.reports", "dqa.expectations"):
+        for folder in importlib.import_module(name).__path__:
+            compileall.compile_dir(folder, quiet=1)
+
+
 ROUND_CONTESTANTS = ("floor", "floor-mmap", "dqa-1core", "dqa-workers")  # measured every round (``--rounds``)
 
 
@@ -302,6 +317,7 @@ def main() -> None:
         _child(args.child, args.data, args.loop_rows)
         return
     data = make_dataset(args.data, args.tokens, turns=args.turns)
+    _compile_dqa()
     # The scaling contestants run in interleaved rounds (this VM's neighbours move single timings by 10-20%):
     # each round's ratios compare runs made within seconds of each other, and the medians over rounds are printed.
     rounds = []

@@ -69,15 +69,18 @@ def test_a_negative_worker_count_is_refused_naming_the_option(tmp_path, layouts)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_a_scan_never_imports_pandas(tmp_path, layouts, workers):
+def test_a_scan_never_imports_pandas_or_numpy_ma(tmp_path, layouts, workers):
     """pyarrow imports pandas (0.13-0.2 s of CPU) on the first ``to_numpy``, ``pa.array`` or ``pa.table`` of a
-    process, and a pool worker would pay it again: the scan converts between numpy and Arrow without them."""
+    process, and ``np.unique`` imports numpy.ma (25-35 ms) on its first call; a pool worker would pay each again,
+    and the scan's process after the pass, serially: the scan converts between numpy and Arrow and takes distinct
+    values without them."""
     code = ("import sys; from dqa.audit.scan import ScanOptions, run_scan; "
             f"r = run_scan({str(layouts['row groups'])!r}, {str(tmp_path / 'o')!r}, ScanOptions(tokenizer='qwen3.6', workers={workers})); "
-            "assert r.summary['failing_rows'] > 0; print('pandas' in sys.modules)")
+            "assert r.summary['failing_rows'] > 0 and r.summary['degenerate_templates']; "
+            "print('pandas' in sys.modules, 'numpy.ma' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["False"]
+    assert proc.stdout.split() == ["False", "False"]
 
 
 def test_the_workers_start_before_the_scan_imports_polars(tmp_path, layouts):
