@@ -7,8 +7,8 @@ The kernel never loops over rows or tokens in Python. Two ideas keep it fast:
   answered with ``searchsorted`` on those short position arrays.
 - Ranges are counted with prefix sums: the supervised tokens in ``[a, b)`` are
   ``cs[b] - cs[a]`` for the cumulative sum ``cs`` of the mask, answered from the mask's runs
-  (``_TrainedCounts``); the hash sums of rows, turns and what precedes each turn come from one
-  ``reduceat`` pass (``_RangeSums``).
+  (``_TrainedCounts``); the hash sums of rows, turns and what precedes each turn, and the loop
+  detector's 8-gram hashes, come from the running sum of the hash terms (``PrefixSums``).
 
 Per token the kernel makes a handful of passes (table lookups with Arrow's ``take``, the mask's
 runs, the hash terms); everything else works on positions of template tokens, rows, turns and the
@@ -50,7 +50,7 @@ import pyarrow.compute as pc
 from dqa.audit.chat_format import ChatFormat
 from dqa.audit.metrics_schema import SAMPLE_METRICS, TURN, TURN_METRICS, names
 from dqa.audit.repeats import ANCHOR_SHIFT, _anchor_ngrams, _gap_ngrams, _row_and_turn_repeat_shares, _stretches
-from dqa.audit.sequence_hash import _C, _K, _K_INV, _RangeSums, _powers, _range_hash, _weighted, splitmix64
+from dqa.audit.sequence_hash import _C, _K, _K_INV, PrefixSums, _powers, _range_hash, splitmix64
 from dqa.audit.token_batch import TokenBatch, arrow_view, numpy_view
 from dqa.errors import InputError
 
@@ -497,22 +497,22 @@ def _hashes_and_loops(b: _Batch, turns: _Turns, tables: KernelTables) -> tuple[n
     # row (its prompt: the conversation so far, header included) in both sequences.
     t_lo, t_hi, t_first = cs_mask[rs], cs_mask[re_], sup_bounds[t_row]
     tr_n = t_row.size
-    sums = _RangeSums(_weighted(sup_mix, tables), np.concatenate((sup_bounds, t_lo, t_hi)))
+    sums = PrefixSums(sup_mix, tables)  # the range hashes, and the 8-gram hashes of the loop detector
     supervised_hash = _range_hash(sums, sup_bounds[:-1], sup_bounds[1:], tables)
     if tr_n:
         table["supervised_hash"] = _range_hash(sums, t_lo, t_hi, tables)
         sup_before = _range_hash(sums, t_first, t_lo, tables)
     # anchor[t] is (mix[t] >> ANCHOR_SHIFT) == 0: one compare over the gathered hashes, no second gather
     anchors = np.flatnonzero(sup_mix < (np.uint64(1) << ANCHOR_SHIFT))
-    pos, h = _anchor_ngrams(sup_mix, anchors)
+    pos, h = _anchor_ngrams(sums, anchors)
     del sup_ids
     # A turn that holds all of its row's supervised tokens has the row's share and stretch; only the
     # others (multi-turn rows, stray supervised tokens) are measured on their own span.
     own = np.flatnonzero((t_lo != t_first) | (t_hi != sup_bounds[t_row + 1]))
     ngram_share, own_share, loop_tokens, own_loop = _row_and_turn_repeat_shares(
-        sup_mix, pos, h, sup_bounds[:-1], sup_bounds[1:], t_lo[own], t_hi[own], t_row[own])
+        sums, pos, h, sup_bounds[:-1], sup_bounds[1:], t_lo[own], t_hi[own], t_row[own])
     # Loops whose few distinct tokens hold no anchor: the anchor-free stretches of 128+ tokens, measured exactly.
-    g_pos, g_h = _gap_ngrams(sup_mix, anchors, sup_bounds)
+    g_pos, g_h = _gap_ngrams(sums, anchors, sup_bounds)
     if g_pos.size:
         loop_tokens = np.maximum(loop_tokens, _stretches(g_pos, g_h, sup_bounds[:-1], sup_bounds[1:]))
         own_loop = np.maximum(own_loop, _stretches(g_pos, g_h, t_lo[own], t_hi[own]))
@@ -523,11 +523,11 @@ def _hashes_and_loops(b: _Batch, turns: _Turns, tables: KernelTables) -> tuple[n
         turn_loop = loop_tokens[t_row]
         turn_loop[own] = own_loop
         table["loop_tokens"] = turn_loop
-    del sup_mix, pos, h, anchors, g_pos, g_h
+    del sup_mix, sums, pos, h, anchors, g_pos, g_h
     uns_mix = lookup(tables.mix_table, ids[~mb])
     uns_bounds = offs - sup_bounds
     uns_lo = rs - t_lo  # each turn's start in the untrained sequence
-    sums = _RangeSums(_weighted(uns_mix, tables), np.concatenate((uns_bounds, uns_lo)))
+    sums = PrefixSums(uns_mix, tables)
     del uns_mix
     prompt_hash = _range_hash(sums, uns_bounds[:-1], uns_bounds[1:], tables)
     if tr_n:

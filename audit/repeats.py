@@ -17,39 +17,21 @@ from __future__ import annotations
 import numpy as np
 
 from dqa.arrays import ranks, sorted_unique
-from dqa.audit.sequence_hash import _A
+from dqa.audit.sequence_hash import PrefixSums
 
 NGRAM = 8  # n-gram length for repetition
 ANCHOR_SHIFT = np.uint64(61)  # sampled n-grams start at anchor tokens: mix hash with top 3 bits clear
 SAMPLE_RATE = 1 / 8
 KEY_INDEX_BITS = 24  # n-gram sort keys: 40 hash bits, and the row (and turn in the row) in the 24 others
 EXACT_MIN_POSITIONS = 64  # under-sampled rows at least this long are measured exactly
-_NGRAM_BLOCK = 16384  # 8-gram positions hashed per block (``_hash_ngrams``)
 SORT_BLOCK = 1024  # keys sorted at a time (``_sort_by_row_blocks``): a block this size sorts in cache, ~3x faster per key
 GAP_EXACT = 128  # a stretch of at least this many tokens without an anchor has its 8-grams measured exactly (loop stretches)
 
 
-def _hash_ngrams(sup_mix: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """64-bit hashes of the 8-grams of ``sup_mix`` starting at ``pos`` (sorted, all in range):
-    ``sum_k sup_mix[pos + k] * A**(7 - k)``.
-
-    Eight gathers per block of positions, not a loop over data. A block gathers from its own
-    stretch of ``sup_mix``, which stays in cache across its eight gathers (gathering a whole
-    batch's positions would stream the array from memory eight times: 1.7x slower)."""
-    out = np.empty(pos.size, dtype=np.uint64)
-    term = np.empty(min(_NGRAM_BLOCK, pos.size), dtype=np.uint64)
-    for s in range(0, pos.size, _NGRAM_BLOCK):
-        p = pos[s : s + _NGRAM_BLOCK]
-        stretch = sup_mix[p[0] : p[-1] + NGRAM]
-        at = p - p[0]
-        h, t = out[s : s + p.size], term[: p.size]
-        np.take(stretch, at, out=h)
-        for _ in range(1, NGRAM):
-            at += 1
-            h *= _A
-            np.take(stretch, at, out=t)
-            h += t
-    return out
+def _hash_ngrams(seq: PrefixSums, pos: np.ndarray) -> np.ndarray:
+    """64-bit hashes of the 8-grams of the supervised sequence ``seq`` starting at ``pos`` (all in range):
+    ``sum_k mix[pos + k] * K**k`` (``PrefixSums.windows``)."""
+    return seq.windows(pos, NGRAM)
 
 
 def _repeat_counts(row: np.ndarray, h: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -112,15 +94,15 @@ def _stretches(pos: np.ndarray, h: np.ndarray, lo: np.ndarray, hi: np.ndarray) -
     return _longest_runs(pos, seg, _member(repeated, key), n)
 
 
-def _gap_ngrams(sup_mix: np.ndarray, anchors: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _gap_ngrams(seq: PrefixSums, anchors: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The 8-grams a sample of anchors cannot see: those starting in a stretch of at least ``GAP_EXACT``
-    tokens of one row (``bounds``: the rows' offsets in ``sup_mix``) without an anchor token (a loop whose
+    tokens of one row (``bounds``: the rows' offsets in ``seq``) without an anchor token (a loop whose
     few distinct tokens include no anchor). Returns their start positions (sorted) and hashes; stretches are
     found from the anchors' positions and the rows' bounds, not by a pass over the tokens."""
     none = np.zeros(0, dtype=np.int64)
-    if sup_mix.size < GAP_EXACT:
+    if seq.size < GAP_EXACT:
         return none, np.zeros(0, dtype=np.uint64)
-    edges = np.concatenate(([-1], anchors, [sup_mix.size]))
+    edges = np.concatenate(([-1], anchors, [seq.size]))
     g_lo, g_hi = edges[:-1] + 1, edges[1:]  # the anchor-free stretches, possibly across rows
     wide = g_hi - g_lo >= GAP_EXACT
     g_lo, g_hi = g_lo[wide], g_hi[wide]
@@ -140,14 +122,14 @@ def _gap_ngrams(sup_mix: np.ndarray, anchors: np.ndarray, bounds: np.ndarray) ->
     if p_lo.size == 0:
         return none, np.zeros(0, dtype=np.uint64)
     pos = np.repeat(p_lo, last - p_lo) + ranks(last - p_lo)
-    return pos, _hash_ngrams(sup_mix, pos)
+    return pos, _hash_ngrams(seq, pos)
 
 
-def _anchor_ngrams(sup_mix: np.ndarray, anchors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The sampled 8-grams of ``sup_mix``: their start positions (``anchors`` that leave room for
-    an 8-gram) and their hashes."""
-    pos = anchors[anchors + NGRAM <= sup_mix.size]
-    return pos, _hash_ngrams(sup_mix, pos)
+def _anchor_ngrams(seq: PrefixSums, anchors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sampled 8-grams of the supervised sequence ``seq``: their start positions (``anchors`` that leave
+    room for an 8-gram) and their hashes."""
+    pos = anchors[anchors + NGRAM <= seq.size]
+    return pos, _hash_ngrams(seq, pos)
 
 
 def _segment_of(pos: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -163,7 +145,7 @@ def _segment_of(pos: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.nda
     return seg, inside
 
 
-def _shares(sup_mix: np.ndarray, total: np.ndarray, dups: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+def _shares(seq: PrefixSums, total: np.ndarray, dups: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """``dups / total`` per segment, where the sample is too thin measured exactly instead: a loop
     whose few distinct tokens include no anchor shows up as a segment with far fewer sampled
     n-grams than its length predicts; such segments are measured on every position."""
@@ -176,15 +158,15 @@ def _shares(sup_mix: np.ndarray, total: np.ndarray, dups: np.ndarray, lo: np.nda
         lengths = positions[suspicious]
         all_pos = np.repeat(lo[suspicious], lengths) + ranks(lengths)
         all_seg = np.repeat(suspicious, lengths)
-        t2, d2 = _repeat_counts(all_seg, _hash_ngrams(sup_mix, all_pos), n)
+        t2, d2 = _repeat_counts(all_seg, _hash_ngrams(seq, all_pos), n)
         share[suspicious] = d2[suspicious] / t2[suspicious]
     return share
 
 
-def _row_and_turn_repeat_shares(sup_mix: np.ndarray, pos: np.ndarray, h: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+def _row_and_turn_repeat_shares(seq: PrefixSums, pos: np.ndarray, h: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                                 t_lo: np.ndarray, t_hi: np.ndarray, t_row: np.ndarray
                                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Share of the 8-grams of each row ``sup_mix[lo[r]:hi[r]]`` (sorted, disjoint, gaps allowed)
+    """Share of the 8-grams of each row ``[lo[r], hi[r])`` of ``seq`` (sorted, disjoint, gaps allowed)
     that repeat an earlier 8-gram of the same row, and the same for each turn ``[t_lo, t_hi)``
     (sorted, disjoint, each inside its row ``t_row``; none is fine), from one sort of the sampled
     8-grams (``pos`` sorted, ``h``: ``_anchor_ngrams``).
@@ -208,14 +190,14 @@ def _row_and_turn_repeat_shares(sup_mix: np.ndarray, pos: np.ndarray, h: np.ndar
     equal neighbours, and only the rows that have one list their 8-grams again, in position order.
     """
     n, m = len(lo), len(t_lo)
-    if sup_mix.size < NGRAM or n == 0:
+    if seq.size < NGRAM or n == 0:
         return (np.zeros(n, dtype=np.float64), np.zeros(m, dtype=np.float64), np.zeros(n, dtype=np.int64),
                 np.zeros(m, dtype=np.int64))
     row_first_turn = np.searchsorted(t_row, np.arange(n), side="left")  # index of each row's first turn
     tbits = int(np.bincount(t_row, minlength=1).max()).bit_length() if m else 0  # 1-based turn within its row
     rbits = n.bit_length()  # row n: starts no row holds whole
     if rbits + tbits > KEY_INDEX_BITS:
-        return _row_and_turn_repeat_shares_by_two_sorts(sup_mix, pos, h, lo, hi, t_lo, t_hi, t_row)
+        return _row_and_turn_repeat_shares_by_two_sorts(seq, pos, h, lo, hi, t_lo, t_hi, t_row)
     T, H = np.uint64(tbits), np.uint64(40 + tbits)
     steps = sorted_unique(np.maximum(np.concatenate(([0], lo, hi - (NGRAM - 1), t_lo, t_hi - (NGRAM - 1))), 0))
     r = np.searchsorted(lo, steps, side="right") - 1
@@ -224,7 +206,8 @@ def _row_and_turn_repeat_shares(sup_mix: np.ndarray, pos: np.ndarray, h: np.ndar
     in_turn = in_row & (j >= 0) & (steps + NGRAM <= t_hi[np.maximum(j, 0)]) if m else np.zeros(steps.size, dtype=bool)
     local = np.where(in_turn, j - row_first_turn[np.maximum(r, 0)] + 1, 0).astype(np.uint64)
     label = np.where(in_row, (np.maximum(r, 0).astype(np.uint64) << H) | local, np.uint64(n) << H)
-    per_step = np.diff(np.searchsorted(pos, steps, side="left"), append=pos.size)  # sampled 8-grams per step
+    first_gram = np.searchsorted(pos, steps, side="left")  # each step's first sampled 8-gram
+    per_step = np.diff(first_gram, append=pos.size)  # sampled 8-grams per step
     key = np.repeat(label[in_row], per_step[in_row])  # those no row holds whole are left out
     key |= (h[np.repeat(in_row, per_step)] >> np.uint64(24)) << T
     total = np.bincount(r[in_row], weights=per_step[in_row], minlength=n).astype(np.int64)
@@ -241,7 +224,6 @@ def _row_and_turn_repeat_shares(sup_mix: np.ndarray, pos: np.ndarray, h: np.ndar
     stretch, t_stretch = np.zeros(n, dtype=np.int64), np.zeros(m, dtype=np.int64)
     cs = np.flatnonzero(in_row & (dups[np.maximum(r, 0)] > 0))
     if cs.size:
-        first_gram = np.searchsorted(pos, steps, side="left")
         count = per_step[cs]
         g = np.repeat(first_gram[cs], count) + ranks(count)
         g_key = np.repeat(label[cs], count) | ((h[g] >> np.uint64(24)) << T)
@@ -252,7 +234,7 @@ def _row_and_turn_repeat_shares(sup_mix: np.ndarray, pos: np.ndarray, h: np.ndar
             in_t = np.repeat(in_turn[cs], count)
             t_rep = _member(_dedupe_sorted(later), g_key[in_t])
             t_stretch = _longest_runs(g_pos[in_t], np.repeat(j[cs], count)[in_t], t_rep, m)
-    return (_shares(sup_mix, total, dups, lo, hi), _shares(sup_mix, t_total, t_dups, t_lo, t_hi), stretch, t_stretch)
+    return (_shares(seq, total, dups, lo, hi), _shares(seq, t_total, t_dups, t_lo, t_hi), stretch, t_stretch)
 
 
 def _sort_by_row_blocks(key: np.ndarray, per_row: np.ndarray) -> None:
@@ -274,7 +256,7 @@ def _sort_by_row_blocks(key: np.ndarray, per_row: np.ndarray) -> None:
         key[start:].sort()
 
 
-def _row_and_turn_repeat_shares_by_two_sorts(sup_mix: np.ndarray, pos: np.ndarray, h: np.ndarray, lo: np.ndarray,
+def _row_and_turn_repeat_shares_by_two_sorts(seq: PrefixSums, pos: np.ndarray, h: np.ndarray, lo: np.ndarray,
                                              hi: np.ndarray, t_lo: np.ndarray, t_hi: np.ndarray,
                                              t_row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``_row_and_turn_repeat_shares`` with a sort for the rows and one for the turns (and one each for
@@ -285,19 +267,20 @@ def _row_and_turn_repeat_shares_by_two_sorts(sup_mix: np.ndarray, pos: np.ndarra
     pos, h, seg = pos[inside], h[inside], seg[inside]
     total, dups = _repeat_counts(seg, h, n)
     if m == 0:
-        return _shares(sup_mix, total, dups, lo, hi), np.zeros(0, dtype=np.float64), stretch, t_stretch
+        return _shares(seq, total, dups, lo, hi), np.zeros(0, dtype=np.float64), stretch, t_stretch
     tseg, t_inside = _segment_of(pos, t_lo, t_hi)
     t_total, t_dups = _repeat_counts(tseg[t_inside], h[t_inside], m)
-    return _shares(sup_mix, total, dups, lo, hi), _shares(sup_mix, t_total, t_dups, t_lo, t_hi), stretch, t_stretch
+    return _shares(seq, total, dups, lo, hi), _shares(seq, t_total, t_dups, t_lo, t_hi), stretch, t_stretch
 
 
 def _ngram_repeat_share(sup_mix: np.ndarray, anchors: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     """Share of each row's supervised 8-grams that repeat an earlier 8-gram of the same row
     (rows ``sup_mix[bounds[r]:bounds[r+1]]``; ``anchors``: positions in ``sup_mix`` of anchor
     tokens). See ``_row_and_turn_repeat_shares``."""
-    pos, h = _anchor_ngrams(sup_mix, anchors)
+    seq = PrefixSums(sup_mix)
+    pos, h = _anchor_ngrams(seq, anchors)
     none = np.zeros(0, dtype=np.int64)
-    return _row_and_turn_repeat_shares(sup_mix, pos, h, bounds[:-1], bounds[1:], none, none, none)[0]
+    return _row_and_turn_repeat_shares(seq, pos, h, bounds[:-1], bounds[1:], none, none, none)[0]
 
 
 def loop_stretches(sup_mix: np.ndarray, anchors: np.ndarray, bounds: np.ndarray, t_lo: np.ndarray | None = None,
@@ -308,7 +291,8 @@ def loop_stretches(sup_mix: np.ndarray, anchors: np.ndarray, bounds: np.ndarray,
     run wins. For tests and tools; the kernel computes the same beside the shares."""
     none = np.zeros(0, dtype=np.int64)
     t_lo, t_hi, t_row = (none if v is None else v for v in (t_lo, t_hi, t_row))
-    pos, h = _anchor_ngrams(sup_mix, anchors)
-    _, _, rows, turns = _row_and_turn_repeat_shares(sup_mix, pos, h, bounds[:-1], bounds[1:], t_lo, t_hi, t_row)
-    g_pos, g_h = _gap_ngrams(sup_mix, anchors, bounds)
+    seq = PrefixSums(sup_mix)
+    pos, h = _anchor_ngrams(seq, anchors)
+    _, _, rows, turns = _row_and_turn_repeat_shares(seq, pos, h, bounds[:-1], bounds[1:], t_lo, t_hi, t_row)
+    g_pos, g_h = _gap_ngrams(seq, anchors, bounds)
     return np.maximum(rows, _stretches(g_pos, g_h, bounds[:-1], bounds[1:])), np.maximum(turns, _stretches(g_pos, g_h, t_lo, t_hi))

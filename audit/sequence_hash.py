@@ -3,10 +3,10 @@
 A token's hash is ``mix[token]`` (``splitmix64`` of its id, never zero: ``KernelTables.mix``). The
 hash of a range ``[lo, hi)`` of a sequence is ``sum_i mix_i * K**i`` with ``i`` counted from the
 range start, mixed with the length (``_finish_hash``), so equal token sequences hash equally
-whatever batch or row they sit in. The terms ``mix_i * K**i`` are formed once per sequence
-(``_weighted``) and any set of ranges is summed from one ``reduceat`` pass (``_RangeSums``); the
-global power is divided out with the inverse power (``KernelTables.powers``, built by
-``_powers``).
+whatever batch or row they sit in. The terms ``mix_i * K**i`` are formed once per sequence and
+summed into its running sum at every position (``PrefixSums``): any range's sum is two reads, the
+global power is divided out with the inverse power (``KernelTables.powers``, built by ``_powers``),
+and the loop detector's 8-gram hashes come from the same running sum (``PrefixSums.windows``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from __future__ import annotations
 from typing import Protocol
 
 import numpy as np
-
-from dqa.arrays import sorted_unique
 
 _K = 0x9E3779B97F4A7C15  # odd multiplier of the polynomial sequence hash
 _K_INV = pow(_K, -1, 1 << 64)
@@ -55,14 +53,8 @@ def _powers(base: int, size: int) -> np.ndarray:
     return p
 
 
-def _weighted(tokens_mix: np.ndarray, tables: Powers) -> np.ndarray:
-    """``mix_i * K**i`` over the sequence: the terms every range hash of it sums."""
-    p, _ = tables.powers(tokens_mix.size + 1)
-    return np.multiply(tokens_mix, p[: tokens_mix.size])
-
-
 def _finish_hash(sums: np.ndarray, lo: np.ndarray, hi: np.ndarray, tables: Powers) -> np.ndarray:
-    """The 64-bit hash of each range ``[lo, hi)`` from the sum of its weighted terms (``_weighted``):
+    """The 64-bit hash of each range ``[lo, hi)`` from the sum of its weighted terms (``PrefixSums``):
     the global power is divided out with the inverse power, so that ``i`` counts from the range
     start, and the length is mixed in; 0 for an empty range. Equal sequences hash equally
     wherever they sit."""
@@ -75,31 +67,40 @@ def _finish_hash(sums: np.ndarray, lo: np.ndarray, hi: np.ndarray, tables: Power
     return h
 
 
-class _RangeSums:
-    """Wrapping uint64 sums of ``values`` over any ranges whose ends are among ``points``.
+class PrefixSums:
+    """The running sum ``W(x) = sum_{i < x} mix_i * K**i`` (wrapping uint64) of a sequence of token hashes
+    ``mix``, at every position ``0 <= x <= mix.size``: a range's weighted sum is ``W(hi) - W(lo)`` (exact in
+    wrapping arithmetic), and a window's hash ``(W(p + n) - W(p)) * K**-p``. ``tables`` gives the powers
+    (``KernelTables.powers``); without it they are computed for this sequence alone (tests, tools).
 
-    One ``reduceat`` pass over the data gives the sums between consecutive points, a running sum
-    over those the prefix ``W(x) = values[:x].sum()`` at every point, and each range is
-    ``W(hi) - W(lo)`` (exact in wrapping arithmetic). However many range sets a batch asks for
-    (rows, turns, what precedes each turn), the data is read once.
-    """
+    One multiply and one running sum over the sequence; every range and window after that is a few reads.
+    The loop detector hashes ~1/8 of a batch's positions as 8-gram windows: two reads and a multiply each,
+    where eight gathers from the tokens' hashes took ~2.3x as long."""
 
-    def __init__(self, values: np.ndarray, points: np.ndarray):
-        self.points = sorted_unique(np.concatenate(([0], points)))  # sorted; 0 <= point <= values.size
-        self.prefix = np.zeros(self.points.size, dtype=np.uint64)
-        inner = self.points[self.points < values.size]
-        if inner.size:
-            between = np.add.reduceat(values, inner)  # values[p_i:p_i+1], the last to the end
-            np.cumsum(between[: self.points.size - 1], out=self.prefix[1:])
+    def __init__(self, mix: np.ndarray, tables: Powers | None = None):
+        n = mix.size
+        p, self._inv = tables.powers(n + 1) if tables is not None else (_powers(_K, n + 1), _powers(_K_INV, n + 1))
+        self.size = n
+        self.prefix = np.empty(n + 1, dtype=np.uint64)
+        self.prefix[0] = 0
+        np.multiply(mix, p[:n], out=self.prefix[1:])
+        np.cumsum(self.prefix[1:], out=self.prefix[1:])
 
     def __call__(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """Sum of ``values[lo[r]:hi[r]]`` per range (0 for an empty one); every end must be a point."""
-        at = self.prefix
-        return at[np.searchsorted(self.points, hi)] - at[np.searchsorted(self.points, lo)]
+        """``sum_{lo <= i < hi} mix_i * K**i`` per range (0 for an empty one)."""
+        return self.prefix[hi] - self.prefix[lo]
+
+    def windows(self, pos: np.ndarray, n: int) -> np.ndarray:
+        """The hash ``sum_{k < n} mix[p + k] * K**k`` of the window of ``n`` tokens at each ``p`` in ``pos``
+        (all in range): equal windows hash equally wherever they start."""
+        h = self.prefix[pos + n]
+        h -= self.prefix[pos]
+        h *= self._inv[pos]
+        return h
 
 
-def _range_hash(sums: _RangeSums, lo: np.ndarray, hi: np.ndarray, tables: Powers) -> np.ndarray:
-    """Order-sensitive 64-bit hash of each range ``[lo[r], hi[r])`` of a sequence whose ``_weighted``
-    terms ``sums`` adds up: ``sum_i mix_i * K**i`` with ``i`` counted from the range start, mixed
-    with the length; 0 for an empty range. Ranges may overlap."""
+def _range_hash(sums: PrefixSums, lo: np.ndarray, hi: np.ndarray, tables: Powers) -> np.ndarray:
+    """Order-sensitive 64-bit hash of each range ``[lo[r], hi[r])`` of the sequence ``sums`` holds:
+    ``sum_i mix_i * K**i`` with ``i`` counted from the range start, mixed with the length; 0 for an
+    empty range. Ranges may overlap."""
     return _finish_hash(sums(lo, hi), lo, hi, tables)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from dqa.audit import repeats
 from dqa.audit.repeats import NGRAM, _anchor_ngrams, _row_and_turn_repeat_shares, _row_and_turn_repeat_shares_by_two_sorts
-from dqa.audit.sequence_hash import splitmix64
+from dqa.audit.sequence_hash import PrefixSums, splitmix64
 
 
 def _layout(seed: int, n_rows: int, loops: bool):
@@ -67,9 +67,10 @@ def test_sorting_by_row_blocks_sorts_the_whole_array(per_row, block, seed):
 def _check_one_sort_equals_two_sorts(tokens, lo, hi, t_lo, t_hi, t_row):
     tables_mix = splitmix64(np.arange(5000, dtype=np.uint64)) | np.uint64(1)
     mix = tables_mix[tokens]
-    pos, h = _anchor_ngrams(mix, np.flatnonzero(mix < (np.uint64(1) << repeats.ANCHOR_SHIFT)))
-    one = _row_and_turn_repeat_shares(mix, pos, h, lo, hi, t_lo, t_hi, t_row)
-    two = _row_and_turn_repeat_shares_by_two_sorts(mix, pos, h, lo, hi, t_lo, t_hi, t_row)
+    seq = PrefixSums(mix)
+    pos, h = _anchor_ngrams(seq, np.flatnonzero(mix < (np.uint64(1) << repeats.ANCHOR_SHIFT)))
+    one = _row_and_turn_repeat_shares(seq, pos, h, lo, hi, t_lo, t_hi, t_row)
+    two = _row_and_turn_repeat_shares_by_two_sorts(seq, pos, h, lo, hi, t_lo, t_hi, t_row)
     assert np.allclose(one[0], two[0]) and np.allclose(one[1], two[1])
     assert np.array_equal(one[2], two[2]) and np.array_equal(one[3], two[3])  # the longest repeated stretches
 
@@ -79,10 +80,11 @@ def test_a_loop_inside_one_turn_is_that_turns_and_its_rows():
     tokens = np.r_[np.arange(1000, 1300), loop, np.arange(2000, 2300)]
     mix = (splitmix64(np.arange(3000, dtype=np.uint64)) | np.uint64(1))[tokens]
     every = np.arange(tokens.size - NGRAM + 1)  # every start an anchor: exact shares
-    pos, h = every, repeats._hash_ngrams(mix, every)
+    seq = PrefixSums(mix)
+    pos, h = every, repeats._hash_ngrams(seq, every)
     lo, hi = np.array([0]), np.array([tokens.size])
     t_lo, t_hi, t_row = np.array([0, 300, 500]), np.array([300, 500, 800]), np.array([0, 0, 0])
-    rows, turns, row_stretch, turn_stretch = _row_and_turn_repeat_shares(mix, pos, h, lo, hi, t_lo, t_hi, t_row)
+    rows, turns, row_stretch, turn_stretch = _row_and_turn_repeat_shares(seq, pos, h, lo, hi, t_lo, t_hi, t_row)
     assert turns[0] == 0 and turns[2] == 0
     assert turns[1] == (200 - NGRAM + 1 - 20) / (200 - NGRAM + 1)  # all but the first period repeat
     assert rows[0] == (200 - NGRAM + 1 - 20) / (tokens.size - NGRAM + 1)
