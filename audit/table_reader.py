@@ -16,6 +16,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 
+from dqa.arrays import sorted_unique
 from dqa.audit.readers import MAX_BATCH_TOKENS, Dataset
 from dqa.audit.token_batch import TokenBatch
 from dqa.audit.token_columns import Columns, check_schema, choose_columns
@@ -49,7 +50,7 @@ class TableDataset(Dataset):
     def batches_with_rows(self, rows: Iterable[int], batch_rows: int = 4096) -> Iterator[TokenBatch]:
         """Yield one token batch per wanted row (a one-row slice of the table), in row order."""
         cols = self._needed()
-        for row in np.unique(np.fromiter(rows, dtype=np.int64)):  # a few rows (the decoded templates' examples)
+        for row in sorted_unique(np.fromiter(rows, dtype=np.int64)):  # a few rows (the decoded templates' examples)
             piece = self.table.select(cols).slice(int(row), 1)
             yield from self._token_batches(((self.path, rb) for rb in piece.to_batches()), int(row), MAX_BATCH_TOKENS)
 
