@@ -505,7 +505,7 @@ def _hashes_and_loops(b: _Batch, turns: _Turns, tables: KernelTables) -> tuple[n
     # anchor[t] is (mix[t] >> ANCHOR_SHIFT) == 0: one compare over the gathered hashes, no second gather
     anchors = np.flatnonzero(sup_mix < (np.uint64(1) << ANCHOR_SHIFT))
     pos, h = _anchor_ngrams(sums, anchors)
-    del sup_ids
+    del sup_ids, sup_mix  # the loop detector reads the running sum
     # A turn that holds all of its row's supervised tokens has the row's share and stretch; only the
     # others (multi-turn rows, stray supervised tokens) are measured on their own span.
     own = np.flatnonzero((t_lo != t_first) | (t_hi != sup_bounds[t_row + 1]))
@@ -523,7 +523,7 @@ def _hashes_and_loops(b: _Batch, turns: _Turns, tables: KernelTables) -> tuple[n
         turn_loop = loop_tokens[t_row]
         turn_loop[own] = own_loop
         table["loop_tokens"] = turn_loop
-    del sup_mix, sums, pos, h, anchors, g_pos, g_h
+    del sums, pos, h, anchors, g_pos, g_h
     uns_mix = lookup(tables.mix_table, ids[~mb])
     uns_bounds = offs - sup_bounds
     uns_lo = rs - t_lo  # each turn's start in the untrained sequence

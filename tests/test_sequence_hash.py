@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 
 from dqa.audit.kernels import KernelTables
-from dqa.audit.sequence_hash import _C, _K, PrefixSums, _range_hash, splitmix64
+from dqa.audit.sequence_hash import PrefixSums, _range_hash
 from dqa.audit.template import qwen3_preset
 
 MASK = (1 << 64) - 1
+_K = 0x9E3779B97F4A7C15  # the definition's constants, written out: the module's own would follow a change
+_C = 0xD6E8FEB86659FD93
 TABLES = KernelTables.build(qwen3_preset(decode=False))
 
 
@@ -40,8 +42,12 @@ def test_a_stored_hash_is_the_documented_polynomial_mixed_with_the_length(mix):
     lo = np.array([0, 5, 17, 40, 299, 120], dtype=np.int64)
     hi = np.array([300, 5, 60, 41, 300, 250], dtype=np.int64)  # the whole, an empty range, overlapping ones
     got = _range_hash(PrefixSums(mix, TABLES), lo, hi, TABLES).tolist()
-    want = [0 if a == b else _splitmix64(_polynomial(values, a, b) ^ (((b - a) * int(_C)) & MASK)) for a, b in zip(lo.tolist(), hi.tolist())]
+    want = [0 if a == b else _splitmix64(_polynomial(values, a, b) ^ (((b - a) * _C) & MASK)) for a, b in zip(lo.tolist(), hi.tolist())]
     assert got == want
+    # and the numbers themselves, as every scan so far has stored them (token ids 1000-1009)
+    ten = TABLES.mix[1000:1010]
+    assert _range_hash(PrefixSums(ten, TABLES), np.array([0, 3]), np.array([10, 7]), TABLES).tolist() == [
+        0x5DE1B6128B6A38E2, 0xAAF1A61E1CC5383C]
 
 
 def test_equal_token_runs_hash_equally_wherever_they_sit():
@@ -63,4 +69,3 @@ def test_an_8_gram_hash_is_the_polynomial_of_its_eight_tokens(mix):
 def test_an_empty_sequence_has_only_empty_ranges():
     sums = PrefixSums(np.zeros(0, dtype=np.uint64), TABLES)
     assert sums.size == 0 and sums(np.array([0]), np.array([0])).tolist() == [0]
-    assert splitmix64(np.array([0], dtype=np.uint64)).dtype == np.uint64
