@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dqa.arrays import ranks, sorted_unique
+from dqa.arrays import dedupe_sorted, ranks, sorted_unique
 from dqa.audit.sequence_hash import PrefixSums
 
 NGRAM = 8  # n-gram length for repetition
@@ -41,15 +41,6 @@ def _repeat_counts(row: np.ndarray, h: np.ndarray, n: int) -> tuple[np.ndarray, 
     total = np.bincount(row, minlength=n)
     dup_rows = (key[1:][key[1:] == key[:-1]] >> np.uint64(40)).astype(np.int64)
     return total, np.bincount(dup_rows, minlength=n)
-
-
-def _dedupe_sorted(values: np.ndarray) -> np.ndarray:
-    """The distinct values of the sorted ``values``."""
-    if values.size == 0:
-        return values
-    keep = np.ones(values.size, dtype=bool)
-    keep[1:] = values[1:] != values[:-1]
-    return values[keep]
 
 
 def _member(sorted_set: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -90,7 +81,7 @@ def _stretches(pos: np.ndarray, h: np.ndarray, lo: np.ndarray, hi: np.ndarray) -
     pos, h, seg = pos[inside], h[inside], seg[inside]
     key = (seg.astype(np.uint64) << np.uint64(40)) | (h >> np.uint64(24))
     ordered = np.sort(key)
-    repeated = _dedupe_sorted(ordered[1:][ordered[1:] == ordered[:-1]])
+    repeated = dedupe_sorted(ordered[1:][ordered[1:] == ordered[:-1]])
     return _longest_runs(pos, seg, _member(repeated, key), n)
 
 
@@ -228,11 +219,11 @@ def _row_and_turn_repeat_shares(seq: PrefixSums, pos: np.ndarray, h: np.ndarray,
         g = np.repeat(first_gram[cs], count) + ranks(count)
         g_key = np.repeat(label[cs], count) | ((h[g] >> np.uint64(24)) << T)
         g_pos = pos[g]
-        row_rep = _member(_dedupe_sorted(key[1:][same_row_hash] >> T), g_key >> T)
+        row_rep = _member(dedupe_sorted(key[1:][same_row_hash] >> T), g_key >> T)
         stretch = _longest_runs(g_pos, np.repeat(r[cs], count), row_rep, n)
         if m:
             in_t = np.repeat(in_turn[cs], count)
-            t_rep = _member(_dedupe_sorted(later), g_key[in_t])
+            t_rep = _member(dedupe_sorted(later), g_key[in_t])
             t_stretch = _longest_runs(g_pos[in_t], np.repeat(j[cs], count)[in_t], t_rep, m)
     return (_shares(seq, total, dups, lo, hi), _shares(seq, t_total, t_dups, t_lo, t_hi), stretch, t_stretch)
 

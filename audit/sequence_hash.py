@@ -74,7 +74,7 @@ class PrefixSums:
     (``KernelTables.powers``); without it they are computed for this sequence alone (tests, tools).
 
     One multiply and one running sum over the sequence; every range and window after that is a few reads.
-    The loop detector hashes ~1/8 of a batch's positions as 8-gram windows: two reads and a multiply each,
+    The loop detector hashes ~1/8 of a batch's positions as 8-gram windows: three reads and a multiply each,
     where eight gathers from the tokens' hashes took ~2.3x as long."""
 
     def __init__(self, mix: np.ndarray, tables: Powers | None = None):

@@ -25,7 +25,13 @@ def sorted_unique(values: np.ndarray) -> np.ndarray:
 
     ``np.unique`` imports ``numpy.ma`` on its first call (to rule out masked arrays): 25-35 ms in every
     process that calls it, which in a scan is every worker and the serial tail after the pass."""
-    out = np.sort(values)
-    if out.size > 1:
-        out = out[np.concatenate(([True], out[1:] != out[:-1]))]
-    return out
+    return dedupe_sorted(np.sort(values))
+
+
+def dedupe_sorted(values: np.ndarray) -> np.ndarray:
+    """The distinct values of the sorted 1-d ``values`` (the first of each run of equal ones)."""
+    if values.size == 0:
+        return values
+    keep = np.ones(values.size, dtype=bool)
+    keep[1:] = values[1:] != values[:-1]
+    return values[keep]
