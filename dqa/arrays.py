@@ -21,11 +21,12 @@ def segment_sum(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 
 def sorted_unique(values: np.ndarray) -> np.ndarray:
-    """The distinct values of a 1-d array, sorted: ``np.unique(values)`` for plain arrays.
+    """The distinct values of ``values``, sorted, as a 1-d array: ``np.unique(values)`` for plain arrays (of any
+    shape: like ``np.unique``, this flattens).
 
     ``np.unique`` imports ``numpy.ma`` on its first call (to rule out masked arrays): 25-35 ms in every
     process that calls it, which in a scan is every worker and the serial tail after the pass."""
-    return dedupe_sorted(np.sort(values))
+    return dedupe_sorted(np.sort(values, axis=None))
 
 
 def dedupe_sorted(values: np.ndarray) -> np.ndarray:
