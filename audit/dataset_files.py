@@ -17,8 +17,9 @@ from pathlib import Path
 import pyarrow as pa
 
 from dqa.audit import formats
-from dqa.audit.formats.base import FileFormat, short
+from dqa.audit.formats.base import FileFormat, unreadable
 from dqa.errors import InputError
+from dqa.storage import check_complete
 
 
 def detect_files(path: Path) -> tuple[str, list[Path]]:
@@ -27,6 +28,7 @@ def detect_files(path: Path) -> tuple[str, list[Path]]:
     dataset is found there."""
     if path.is_file():
         return formats.detect_file(path).name, [path]
+    check_complete(path)
     # A folder: HF save_to_disk, or shards of one format.
     if (path / "dataset_dict.json").is_file():
         try:
@@ -144,4 +146,4 @@ def read_schema(f: Path, fmt: str) -> pa.Schema:
     except InputError:
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InputError(f"{f}: unreadable {fmt} file ({short(exc)})") from None
+        raise unreadable(f, f"{fmt} file", exc) from None

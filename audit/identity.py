@@ -31,6 +31,7 @@ from typing import Any, Iterable
 
 from dqa.audit.scan_folder import read_summary
 from dqa.errors import InputError
+from dqa.storage import location, url_of
 
 DEFAULT_ROOT = Path("dqa-out")
 DERIVED_FILES = ("report.html",)
@@ -40,19 +41,21 @@ DERIVED_FILES = ("report.html",)
 
 
 def dataset_path(dataset: str | Path) -> str:
-    """The dataset's identity: its absolute path with symlinks resolved (it need not exist)."""
-    return str(Path(dataset).resolve())
+    """The dataset's identity: its absolute path with symlinks resolved (it need not exist), or its URL."""
+    return url_of(dataset)
 
 
 def files_fingerprint(files: Iterable[Path]) -> list[list[Any]]:
-    """``[resolved path, size, mtime_ns]`` of every file, in order: what the dataset held when read.
+    """``[resolved path or URL, size, mtime_ns]`` of every file, in order: what the dataset held when read
+    (for a store: the object's size and last-modified time from the listing, no data fetched).
 
     Raises ``OSError`` for a file that cannot be stat'ed.
     """
     out = []
     for f in files:
-        st = Path(f).stat()
-        out.append([str(Path(f).resolve()), st.st_size, st.st_mtime_ns])
+        loc = location(f)
+        st = loc.stat()
+        out.append([url_of(loc), st.st_size, st.st_mtime_ns])
     return out
 
 
@@ -63,7 +66,7 @@ def dataset_files(dataset: str | Path) -> list[Path]:
     """
     from dqa.audit.dataset_files import detect_files
 
-    p = Path(dataset)
+    p = location(dataset)
     if not p.exists():
         raise InputError(f"{p}: no such file or folder")
     return detect_files(p)[1]

@@ -30,12 +30,14 @@ import pyarrow as pa
 from dqa.arrays import sorted_unique
 from dqa.audit import formats
 from dqa.audit.dataset_files import detect_files, read_schema
-from dqa.audit.formats.base import short
+from dqa.audit.formats.base import unreadable
+from dqa.audit.formats.parquet import parquet_file
 from dqa.audit.token_batch import TokenBatch, to_token_batch, token_slices
 from dqa.audit.token_columns import (
     ATTENTION_DEFAULT, LABELS_DEFAULT, MASK_DEFAULT, Columns, check_schema, choose_columns, flatten_token_lists,
 )
 from dqa.errors import InputError
+from dqa.storage import is_url, location
 
 MAX_BATCH_TOKENS = 8_000_000
 SEEK_ROWS = 128  # rows per batch when reading a few rows out of a row group (``Dataset.batches_with_rows``)
@@ -162,12 +164,10 @@ class Dataset:
         start = 0
         for k, f in enumerate(self.files):
             if fmt.row_groups:
-                import pyarrow.parquet as pq
-
                 try:
-                    meta = pq.ParquetFile(f).metadata
+                    meta = parquet_file(f).metadata
                 except (pa.ArrowException, OSError) as exc:
-                    raise InputError(f"{f}: unreadable parquet file ({short(exc)})") from None
+                    raise unreadable(f, "parquet file", exc) from None
                 sizes = np.array([meta.row_group(g).num_rows for g in range(meta.num_row_groups)], dtype=np.int64)
                 cum = np.cumsum(sizes)  # rows through each row group
                 # Runs of row groups: a new run starts where the rows since the last start reach min_rows.
@@ -224,7 +224,7 @@ class Dataset:
         start = 0
         tokens = [self.columns.ids, self.columns.supervision]
         for f in self.files:
-            pf = pq.ParquetFile(f, memory_map=True)
+            pf = parquet_file(f, memory_map=True)
             for g in range(pf.metadata.num_row_groups):
                 n = pf.metadata.row_group(g).num_rows
                 here = want[(want >= start) & (want < start + n)]  # a few rows, not the group's
@@ -241,14 +241,14 @@ class Dataset:
                         here = here[here >= seen + rb.num_rows]
                         seen += rb.num_rows
                 except (pa.ArrowException, OSError) as exc:
-                    raise InputError(f"{f}: unreadable parquet file ({short(exc)})") from None
+                    raise unreadable(f, "parquet file", exc) from None
                 start += n
 
 
 def dataset_name(path: str | Path) -> str:
     """A short name for a dataset's output folders: the folder name, or the file name without
     its known format suffix (``train.v2.parquet`` -> ``train.v2``, ``d.jsonl.gz`` -> ``d``)."""
-    p = Path(path)
+    p = location(path)
     name = p.name
     suffixes = (*formats.suffixes(), ".gz", ".zst")
     while not p.is_dir():  # strip known suffixes from the end, one at a time (".jsonl.gz")
@@ -278,9 +278,9 @@ def open_dataset(
     supervision column is absent or of the wrong type, or shards disagree on
     the convention.
     """
-    path = Path(path)
+    path = location(path)
     if not path.exists():
-        raise InputError(f"{path}: no such file or folder")
+        raise InputError(f"{path}: no such file or folder" + (" in the store" if is_url(path) else ""))
     fmt, files = detect_files(path)
     schemas = [read_schema(f, fmt) for f in files]
     columns = choose_columns(schemas[0], files[0], ids_column, mask_column, labels_column, id_column)
@@ -304,17 +304,15 @@ def _iter_file(f: Path, fmt: str, batch_rows: int, columns: list[str] | None, re
     except InputError:
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InputError(f"{f}: unreadable {fmt} file ({short(exc)})") from None
+        raise unreadable(f, f"{fmt} file", exc) from None
 
 
 def _iter_row_groups(f: Path, groups: Sequence[int], batch_rows: int, columns: list[str] | None,
                      threads: bool = True) -> Iterator[pa.RecordBatch]:
     """The record batches of some row groups of the parquet file ``f`` (memory-mapped, as ``Parquet.batches``),
     decoded by Arrow's threads or (``threads=False``) in the calling one."""
-    import pyarrow.parquet as pq
-
     try:
-        yield from pq.ParquetFile(f, memory_map=True).iter_batches(batch_size=batch_rows, row_groups=list(groups),
+        yield from parquet_file(f, memory_map=True).iter_batches(batch_size=batch_rows, row_groups=list(groups),
                                                                    columns=columns, use_threads=threads)
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InputError(f"{f}: unreadable parquet file ({short(exc)})") from None
+        raise unreadable(f, "parquet file", exc) from None

@@ -32,6 +32,8 @@ from dqa.audit.scan_workers import scan_parts
 from dqa.audit.template import load_template
 from dqa.errors import InputError
 from dqa.memory import reuse_freed_memory
+from dqa.storage import is_url, location, output_folder
+from dqa.storage.faults import is_store_error, store_error
 
 if TYPE_CHECKING:
     import polars as pl
@@ -42,7 +44,7 @@ class ScanResult:
     """What a scan produced: the output folder, the summary dict, the two tables, and the names of the
     previous scan's validation/gate/report outputs it removed from the folder (``dropped``)."""
 
-    out_dir: Path
+    out_dir: Path  # a StorePath when the scan folder is in a store
     summary: dict[str, Any]
     metrics: "pl.DataFrame"
     findings: "pl.DataFrame"
@@ -129,8 +131,18 @@ def run_scan(
     spec = load_template(options.tokenizer)
     ds.set_chat_format(spec, options.last_turn_only)  # conversation JSONL is rendered and masked with it
     tables = KernelTables.build(spec)
-    out = Path(out_dir) if out_dir is not None else default_out_dir(dataset)
-    atomic.check_output_dir(out, [Path(dataset)], is_scan_folder, "dqa scan folder")
+    target = out_dir if out_dir is not None else default_out_dir(dataset)
+    with output_folder(target, SUMMARY_FILE) as out:  # a URL: staged here, published with summary.json last
+        result = _scan_into(out, ds, dataset, spec, tables, options, selected, params, progress, workers, t0)
+    if is_url(target):
+        result.out_dir = location(target)  # type: ignore[assignment]
+    return result
+
+
+def _scan_into(out: Path, ds: Dataset, dataset: "str | Path", spec: Any, tables: KernelTables, options: ScanOptions,
+               selected: Any, params: Any, progress: ProgressFn | None, workers: int, t0: float) -> ScanResult:
+    """Scan ``ds`` into the local folder ``out`` (built beside it, then moved in: see ``run_scan``)."""
+    atomic.check_output_dir(out, [location(dataset)], is_scan_folder, "dqa scan folder")
     previous = read_summary(out) if is_scan_folder(out) else None
     identity.check_scan_folder(out, dataset, previous)
     fingerprint = scan_fingerprint(ds, options)
@@ -151,6 +163,8 @@ def run_scan(
                            and not name.startswith(atomic.TMP_PREFIX))
     except OSError as exc:
         shutil.rmtree(work, ignore_errors=True)
+        if is_store_error(exc):
+            raise store_error(exc, str(dataset)) from None
         raise atomic.named_os_error(exc, out) from exc
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)

@@ -228,9 +228,9 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
 
 
 def _parquet_compression(f: Path) -> str | None:
-    import pyarrow.parquet as pq
+    from dqa.audit.formats.parquet import parquet_file
 
-    md = pq.ParquetFile(f).metadata
+    md = parquet_file(f).metadata
     if md.num_row_groups == 0 or md.num_columns == 0:
         return None
     codec = md.row_group(0).column(0).compression

@@ -154,6 +154,8 @@ def check_output_dir(dest: Path, inputs: Sequence[Path], owned: Callable[[Path],
 
     d = dest.resolve()
     for inp in inputs:
+        if "://" in str(inp):  # an object in a store is never a local folder
+            continue
         i = Path(inp).resolve()
         if d == i or d in i.parents:
             raise InputError(f"{dest}: the output folder would replace the input {inp}; choose another --out")

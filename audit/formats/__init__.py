@@ -31,6 +31,7 @@ from dqa.audit.formats.conversations import CONVERSATIONS, is_conversation_file
 from dqa.audit.formats.jsonl import JSONL
 from dqa.audit.formats.parquet import PARQUET
 from dqa.errors import InputError
+from dqa.storage.faults import is_store_error, store_error
 
 HEAD_BYTES = 4096  # enough to see past leading blank lines of a JSONL file
 EXPECTED = (
@@ -81,8 +82,10 @@ def family_of_name(name: str) -> str | None:
 
 def peek(path: Path, head_bytes: int = HEAD_BYTES) -> tuple[bytes, bytes, int]:
     """The first ``head_bytes`` bytes, the last 4 bytes and the size of ``path``."""
+    from dqa.storage import open_binary
+
     try:
-        with open(path, "rb") as fh:
+        with open_binary(path) as fh:
             head = fh.read(head_bytes)
             size = fh.seek(0, 2)
             if size <= len(head):
@@ -91,6 +94,8 @@ def peek(path: Path, head_bytes: int = HEAD_BYTES) -> tuple[bytes, bytes, int]:
                 fh.seek(size - 4)
                 tail = fh.read(4)
     except OSError as exc:
+        if is_store_error(exc):
+            raise store_error(exc, str(path)) from None
         raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
     return head, tail, size
 

@@ -21,6 +21,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from dqa.audit.formats.base import FileFormat, select, split
+from dqa.storage import open_input
 
 FILE_MAGIC = b"ARROW1"
 CONTINUATION = b"\xff\xff\xff\xff"
@@ -58,17 +59,17 @@ class ArrowFile(FileFormat):
         return head[:6] == FILE_MAGIC
 
     def schema(self, f: Path) -> pa.Schema:
-        with pa.memory_map(str(f)) as src:
+        with open_input(f, memory_map=True) as src:
             return pa.ipc.open_file(src).schema
 
     def batches(self, f: Path, batch_rows: int, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
-        with pa.memory_map(str(f)) as src:
+        with open_input(f, memory_map=True) as src:
             reader = pa.ipc.open_file(src)
             for i in range(reader.num_record_batches):
                 yield from split(select(reader.get_record_batch(i), columns), batch_rows)
 
     def num_rows(self, f: Path) -> int:
-        with pa.memory_map(str(f)) as src:
+        with open_input(f, memory_map=True) as src:
             reader = pa.ipc.open_file(src)
             return sum(reader.get_record_batch(i).num_rows for i in range(reader.num_record_batches))
 
@@ -90,11 +91,11 @@ class ArrowStream(FileFormat):
         return len(head) >= 8 and head[:4] == CONTINUATION
 
     def schema(self, f: Path) -> pa.Schema:
-        with pa.memory_map(str(f)) as src:
+        with open_input(f, memory_map=True) as src:
             return pa.ipc.open_stream(src).schema
 
     def batches(self, f: Path, batch_rows: int, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
-        with pa.memory_map(str(f)) as src:
+        with open_input(f, memory_map=True) as src:
             for rb in pa.ipc.open_stream(src):
                 yield from split(select(rb, columns), batch_rows)
 

@@ -64,5 +64,16 @@ def split(rb: pa.RecordBatch, batch_rows: int) -> Iterator[pa.RecordBatch]:
         yield rb.slice(start, batch_rows)
 
 
+def unreadable(f: object, what: str, exc: BaseException) -> Exception:
+    """The error for a file that could not be read: the store's error (exit 3 when the store failed,
+    see ``dqa.storage.faults``) when a store raised it, else ``InputError`` naming ``f`` and ``what`` it should be."""
+    from dqa.errors import InputError
+    from dqa.storage.faults import is_store_error, store_error
+
+    if is_store_error(exc):
+        return store_error(exc, str(f))  # type: ignore[arg-type]
+    return InputError(f"{f}: unreadable {what} ({short(exc)})")
+
+
 def short(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:200]

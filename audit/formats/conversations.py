@@ -40,6 +40,7 @@ import pyarrow as pa
 
 from dqa.audit.formats.base import FileFormat
 from dqa.errors import InputError
+from dqa.storage import open_binary
 
 _BOM = b"\xef\xbb\xbf"
 LIST_KEYS = ("conversations", "messages")
@@ -54,7 +55,7 @@ NOT_YET = (
 def first_record(f: Path) -> Any:
     """The first non-blank line of ``f`` parsed as JSON (None when it is not JSON or the file is empty)."""
     try:
-        with open(f, "rb") as fh:
+        with open_binary(f) as fh:
             for raw in fh:
                 if raw.startswith(_BOM):
                     raw = raw[len(_BOM):]
@@ -271,7 +272,7 @@ class Conversations(FileFormat):
         with_id = typ is not None
         texts: list[str] = []
         ids: list[Any] = []
-        with open(f, "rb") as fh:
+        with open_binary(f) as fh:
             for n, raw in enumerate(fh, 1):
                 if n == 1 and raw.startswith(_BOM):
                     raw = raw[len(_BOM):]

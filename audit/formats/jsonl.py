@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from dqa.audit.formats.base import FileFormat, select, short, split
 from dqa.errors import InputError
+from dqa.storage import open_binary, open_stream
 
 _BLANK = b" \t\r\n"
 _BOM = b"\xef\xbb\xbf"
@@ -53,7 +54,7 @@ class Jsonl(FileFormat):
         import pyarrow.json as pj
 
         try:
-            reader = pj.open_json(f, read_options=pj.ReadOptions(block_size=1 << 24))
+            reader = pj.open_json(open_stream(f), read_options=pj.ReadOptions(block_size=1 << 24))
             for rb in reader:
                 yield from split(select(rb, columns), batch_rows)
         except (pa.ArrowInvalid, ValueError) as exc:
@@ -67,7 +68,7 @@ class Jsonl(FileFormat):
 
 def first_bad_line(f: Path) -> int | None:
     """1-based number of the first line that is not one JSON object (error path only)."""
-    with open(f, "rb") as fh:
+    with open_binary(f) as fh:
         for n, raw in enumerate(fh, 1):
             if not raw.strip():
                 continue

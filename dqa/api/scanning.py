@@ -59,7 +59,10 @@ class ScanResult:
         if self.turns_table is None:
             import polars as pl
 
-            self.turns_table = pl.read_parquet(Path(self.out_dir) / scan_folder.TURNS_FILE)  # type: ignore[arg-type]
+            from dqa.storage import input_folder
+
+            folder = input_folder(self.out_dir, scan_folder.SUMMARY_FILE)  # type: ignore[arg-type]  # a store's: a local copy
+            self.turns_table = pl.read_parquet(folder / scan_folder.TURNS_FILE)
         return self.turns_table
 
     @property
@@ -117,7 +120,7 @@ def scan(
         return _scan_table(*table, out, opts, progress, on_start)
     from dqa.audit.scan import default_out_dir
 
-    out_dir = Path(out) if out is not None else default_out_dir(data)
+    out_dir = out if out is not None else default_out_dir(data)
     check_before_tokenizer(data, out_dir)
     if on_start is not None:
         from dqa.audit.readers import open_dataset
@@ -173,10 +176,17 @@ def check_before_tokenizer(dataset: str | Path, out_dir: Path) -> None:
     from dqa.audit.scan_folder import is_scan_folder, read_summary
     from dqa.errors import InputError
 
-    if not Path(dataset).exists():
-        raise InputError(f"{dataset}: no such file or folder")
-    out = Path(out_dir)
-    atomic.check_output_dir(out, [Path(dataset)], is_scan_folder, "dqa scan folder")
+    from dqa.storage import input_folder, is_url, location
+
+    if not location(dataset).exists():
+        raise InputError(f"{dataset}: no such file or folder" + (" in the store" if is_url(dataset) else ""))
+    if is_url(out_dir):
+        if not location(out_dir).is_dir():
+            return  # a new folder in the store
+        out = input_folder(out_dir)
+    else:
+        out = Path(out_dir)
+    atomic.check_output_dir(out, [location(dataset)], is_scan_folder, "dqa scan folder")
     identity.check_scan_folder(out, dataset, read_summary(out) if is_scan_folder(out) else None)
 
 

@@ -110,6 +110,18 @@ def handles_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+STORAGE_OPTION_HELP = (
+    "A setting for the object store of any URL given (repeatable): KEY=VALUE, e.g. endpoint_url=http://127.0.0.1:9000, "
+    "region=eu-west-1, anonymous=true (S3); an fsspec backend's own keyword arguments for other schemes. Credentials "
+    "come from the SDKs' environment (AWS_*, AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS, HF_TOKEN) and are never printed."
+)
+
+
+def storage_option_param() -> Any:
+    """The ``--storage-option KEY=VALUE`` option every command that takes a URL has (``dqa.storage.configure``)."""
+    return typer.Option([], "--storage-option", help=STORAGE_OPTION_HELP)
+
+
 def console(stderr: bool = True):
     """A rich Console on stderr (progress, tables for people) or stdout (results)."""
     from rich.console import Console

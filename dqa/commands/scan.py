@@ -11,7 +11,7 @@ from typing import Any, Iterator, List, Optional
 import typer
 
 from dqa.audit.scan_options import DEFAULT_BATCH_ROWS
-from dqa.commands.common import console, handles_errors, help_text, stderr_is_tty
+from dqa.commands.common import console, handles_errors, help_text, stderr_is_tty, storage_option_param
 from dqa.errors import EXIT_OK, EXIT_QUALITY
 
 
@@ -40,13 +40,13 @@ def _list_checks() -> None:
 
 
 def scan(
-    dataset: Optional[Path] = typer.Argument(
-        None, help="Parquet file or folder of shards, HF save_to_disk folder, Arrow IPC file, or JSONL.", show_default=False
+    dataset: Optional[str] = typer.Argument(
+        None, help="Parquet file or folder of shards, HF save_to_disk folder, Arrow IPC file, or JSONL; a path or a URL (s3://bucket/train/, gs://, hf://datasets/org/name/).", show_default=False
     ),
     tokenizer: Optional[str] = typer.Option(
         None, "--tokenizer", "-t", help="Local HF tokenizer folder (its chat template gives the format: ChatML, Llama 3, DeepSeek, MiniMax, GLM), or a preset: qwen3 (the default), qwen3.6."
     ),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default: dqa-out/<dataset name>/)."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output folder or URL (default: dqa-out/<dataset name>/). In a store, summary.json is written last: a folder without it is incomplete."),
     ids_column: Optional[str] = typer.Option(None, help="Token ids column (default: input_ids)."),
     mask_column: Optional[str] = typer.Option(None, help="0/1 loss mask column (default: loss_mask, if present)."),
     labels_column: Optional[str] = typer.Option(None, help="Labels column, -100 = unsupervised (default: labels)."),
@@ -63,6 +63,7 @@ def scan(
     as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout instead of the table."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table, no progress; exit code only."),
     list_checks: bool = typer.Option(False, "--list-checks", help="List the checks (priority, whether they judge turns, defaults) and exit."),
+    storage_option: List[str] = storage_option_param(),
 ) -> None:
     """Audit a tokenized training set: every sample gets the named checks.
 
@@ -78,16 +79,17 @@ def scan(
         _list_checks()
         raise typer.Exit(EXIT_OK)
     code = _run(dataset, tokenizer, out, ids_column, mask_column, labels_column, id_column, thinking, checks, skip,
-                config, set_, max_fail_share, batch_rows, as_json, quiet, last_turn_only, workers)
+                config, set_, max_fail_share, batch_rows, as_json, quiet, last_turn_only, workers, storage_option)
     raise typer.Exit(code)
 
 
 @handles_errors
 def _run(dataset, tokenizer, out, ids_column, mask_column, labels_column, id_column, thinking, checks, skip, config,
-         set_, max_fail_share, batch_rows, as_json, quiet, last_turn_only=False, workers=0) -> int:
-    from dqa import api
+         set_, max_fail_share, batch_rows, as_json, quiet, last_turn_only=False, workers=0, storage_option=()) -> int:
+    from dqa import api, storage
     from dqa.errors import UsageError
 
+    storage.configure(storage_option)
     if dataset is None:
         raise UsageError("missing DATASET (see dqa scan --help)")
     if not 0.0 <= max_fail_share <= 1.0:
