@@ -34,6 +34,7 @@ from dqa.errors import InputError
 from dqa.storage.faults import is_store_error, store_error
 
 HEAD_BYTES = 4096  # enough to see past leading blank lines of a JSONL file
+TAIL_BYTES = 1024
 EXPECTED = (
     "a parquet file (starts with PAR1), an Arrow IPC file (ARROW1) or stream (0xFFFFFFFF), "
     "JSONL (.jsonl, or lines of JSON objects), or a folder of them"
@@ -82,17 +83,19 @@ def family_of_name(name: str) -> str | None:
 
 def peek(path: Path, head_bytes: int = HEAD_BYTES) -> tuple[bytes, bytes, int]:
     """The first ``head_bytes`` bytes, the last 4 bytes and the size of ``path``."""
-    from dqa.storage import open_binary
+    from dqa.storage import StorePath, open_input
 
     try:
-        with open_binary(path) as fh:
+        with (open_input(path) if isinstance(path, StorePath) else open(path, "rb")) as fh:
             head = fh.read(head_bytes)
             size = fh.seek(0, 2)
             if size <= len(head):
                 tail = head[-4:]
             else:
-                fh.seek(size - 4)
-                tail = fh.read(4)
+                # In a store, a 4-byte range cannot hold an error reply (a 503 SlowDown's XML), which the
+                # SDK then cannot retry: read the last KiB.
+                fh.seek(max(len(head), size - TAIL_BYTES))
+                tail = fh.read(TAIL_BYTES)[-4:]
     except OSError as exc:
         if is_store_error(exc):
             raise store_error(exc, str(path)) from None

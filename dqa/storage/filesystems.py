@@ -48,6 +48,8 @@ S3_OPTIONS = {
     "max_attempts": ("max_attempts", int),
 }
 
+_ENVIRONMENT = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_MAX_ATTEMPTS",
+                "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
 _options: dict[str, str] = {}
 _made: dict[tuple, Any] = {}
 _lock = threading.Lock()
@@ -80,7 +82,8 @@ def filesystem(scheme: str, bucket: str) -> tuple[Any, bool]:
     a storage option the backend does not take.
     """
     scheme = scheme.lower()
-    key = (scheme, bucket if NATIVE.get(scheme) != "s3" else "", tuple(sorted(_options.items())))
+    env = tuple(os.environ.get(v) for v in _ENVIRONMENT)  # a test or a caller may point the SDK elsewhere
+    key = (scheme, bucket if NATIVE.get(scheme) != "s3" else "", tuple(sorted(_options.items())), env)
     with _lock:
         fs = _made.get(key)
     if fs is None:

@@ -35,11 +35,12 @@ from typing import Any, Iterator
 
 from dqa.errors import InputError, RuntimeFailure
 from dqa.storage.faults import store_errors
-from dqa.storage.store_path import StorePath, location
+from dqa.storage.store_path import StorePath, is_url, location
 
 INCOMPLETE = ".dqa-incomplete"
 FETCHED = ".dqa-fetched.json"  # in a local copy: what was fetched, [size, mtime_ns] per file
 UPLOAD_THREADS = 8
+CHUNK_BYTES = 8 << 20
 
 
 def stage_dir(url: str, kind: str) -> Path:
@@ -147,6 +148,19 @@ def _sync_down(root: StorePath, files: dict[str, StorePath], local: Path) -> Non
     write_json(record_file, want)
 
 
+def local_if_written(arg: "str | os.PathLike[str] | None", marks: tuple[str, ...]) -> "str | os.PathLike[str] | None":
+    """``arg`` itself, unless it is a URL of a folder holding one of ``marks`` (a folder dqa wrote: a scan's
+    ``summary.json``, a run's ``run.json``): then its local copy (``input_folder``). A dataset URL stays a
+    URL, to be streamed."""
+    if arg is None or not is_url(arg):
+        return arg
+    loc = location(arg)
+    assert isinstance(loc, StorePath)
+    if any((loc / m).is_file() for m in marks) or (loc / INCOMPLETE).is_file():
+        return input_folder(loc)
+    return arg
+
+
 @contextlib.contextmanager
 def output_folder(dest: "str | os.PathLike[str] | StorePath", complete: str | None = None) -> Iterator[Path]:
     """Yield the local folder to write ``dest`` in; for a URL, ``publish`` it when the block ends without error.
@@ -172,13 +186,38 @@ def output_folder(dest: "str | os.PathLike[str] | StorePath", complete: str | No
         publish(local, loc, complete)
 
 
+@contextlib.contextmanager
+def output_path(dest: "str | os.PathLike[str] | StorePath") -> Iterator[Path]:
+    """Yield a local path to write the file or folder ``dest`` at; for a URL, upload it when the block ends
+    without error, then the files the command wrote beside it (``NAME.*``: a merge report), last.
+
+    A folder is ``publish``ed (under ``.dqa-incomplete`` until whole); a file is one PUT, which a
+    store shows whole or not at all. Nothing else under the URL's parent is touched. The local
+    path starts empty: the caller checks what ``dest`` holds in the store first.
+    """
+    loc = location(dest)
+    if not isinstance(loc, StorePath):
+        yield loc
+        return
+    stage = stage_dir(str(loc), "outputs")
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir(parents=True)
+    local = stage / loc.name
+    yield local
+    if local.is_dir():
+        publish(local, loc)
+    elif local.is_file():
+        put_file(local, loc)
+    for beside in sorted(p for p in stage.iterdir() if p != local and p.is_file() and p.name.startswith(loc.name + ".")):
+        put_file(beside, loc.parent / beside.name)
+
+
 def publish(local: Path, dest: StorePath, complete: str | None = None) -> None:
     """Upload the folder ``local`` to ``dest`` in the order the module docstring gives; ``dest`` then holds exactly it.
 
     Raises the store's errors (``store_errors``); an interrupted publish leaves ``.dqa-incomplete``.
     """
-    import pyarrow.fs as pafs
-
     mine = sorted(str(p.relative_to(local)) for p in local.rglob("*")
                   if p.is_file() and not p.name.startswith(".tmp-") and p.name not in (FETCHED, INCOMPLETE))
     with store_errors(str(dest)):
@@ -188,11 +227,9 @@ def publish(local: Path, dest: StorePath, complete: str | None = None) -> None:
             fh.write(marker.encode())
         if complete is not None and complete in there:
             dest.fs.delete_file((dest / complete).key)
-        lfs = pafs.LocalFileSystem()
 
         def put(rel: str) -> None:
-            with store_errors(str(dest / rel)):
-                pafs.copy_files(str(local / rel), (dest / rel).key, source_filesystem=lfs, destination_filesystem=dest.fs)
+            put_file(local / rel, dest / rel)
 
         _parallel(put, [rel for rel in mine if rel != complete])
         for rel in sorted(there - set(mine) - {INCOMPLETE, complete or ""}):
@@ -200,6 +237,19 @@ def publish(local: Path, dest: StorePath, complete: str | None = None) -> None:
         if complete is not None and complete in mine:
             put(complete)
         dest.fs.delete_file((dest / INCOMPLETE).key)
+
+
+def put_file(local: Path, dest: StorePath) -> None:
+    """Upload one local file to ``dest`` as one object (the SDK goes multipart for a large one; the object
+    appears only when whole). No folder-marker objects are made. Raises the store's errors."""
+    import pyarrow as pa
+
+    with store_errors(str(dest)), pa.OSFile(str(local), "rb") as src, dest.fs.open_output_stream(dest.key) as out:
+        while True:
+            chunk = src.read(CHUNK_BYTES)
+            if not chunk:
+                break
+            out.write(chunk)
 
 
 def _parallel(fn: Any, items: list[str]) -> None:
