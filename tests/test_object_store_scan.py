@@ -211,9 +211,16 @@ def test_refused_credentials_exit_2_and_are_never_printed(tmp_path, table, monke
     assert env["AWS_SECRET_ACCESS_KEY"] not in res.stderr + res.stdout
 
 
-def test_credentials_in_the_url_are_refused(tmp_path):
-    res = dqa("scan", "s3://AKIA:secret@sets/train/", "-t", "qwen3", ok=(2,))
-    assert "secret" not in res.stderr and "credentials in a URL" in res.stderr
+def test_credentials_in_the_url_are_used_and_never_printed(bucket, s3, tmp_path, table):
+    pq.write_table(table, tmp_path / "d.parquet")
+    upload(s3.url, tmp_path / "d.parquet", f"s3://{bucket}/train/d.parquet")
+    res = dqa("scan", f"s3://AKIAUSER:s3cr3t%2Fpass@{bucket}/train/d.parquet", "-t", "qwen3", "--out", tmp_path / "s",
+              "--json", ok=(1,))
+    assert json.loads(res.stdout)["dataset_path"] == f"s3://{bucket}/train/d.parquet"
+    written = "".join(p.read_text(errors="replace") for p in (tmp_path / "s").iterdir() if p.suffix in (".json", ".md"))
+    assert "s3cr3t" not in res.stdout + res.stderr + written
+    res = dqa("scan", f"s3://AKIAUSER:s3cr3t%2Fpass@{bucket}/missing/", "-t", "qwen3", "--out", tmp_path / "m", ok=(2,))
+    assert "s3cr3t" not in res.stderr and "AKIAUSER" not in res.stderr and f"s3://{bucket}/missing" in res.stderr
 
 
 def test_a_missing_backend_names_the_extra(tmp_path):

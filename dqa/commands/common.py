@@ -74,8 +74,10 @@ def stop_interrupts() -> None:
 
 def fail(message: str, code: int) -> None:
     """Print ``dqa: error: message`` on one line to stderr and exit with ``code``."""
+    from dqa.storage.faults import without_credentials
+
     stop_interrupts()
-    first = " ".join(str(message).split("\n")[0].split())
+    first = without_credentials(" ".join(str(message).split("\n")[0].split()))  # a URL's user:password@ never shown
     print(f"dqa: error: {first}", file=sys.stderr)
     raise typer.Exit(code)
 

@@ -76,5 +76,9 @@ def store_errors(url: str) -> Iterator[None]:
         raise store_error(exc, url) from None
 
 
-def _clean(text: str) -> str:
+def without_credentials(text: str) -> str:
+    """``text`` with the ``user:password@`` of every URL in it removed."""
     return _USERINFO.sub(r"\1", text)
+
+
+_clean = without_credentials

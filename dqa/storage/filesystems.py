@@ -75,38 +75,40 @@ def configure(options: dict[str, str] | Iterable[str] | None) -> None:
         _made.clear()
 
 
-def filesystem(scheme: str, bucket: str) -> tuple[Any, bool]:
+def filesystem(scheme: str, bucket: str, given: dict[str, str] | None = None) -> tuple[Any, bool]:
     """``(pyarrow filesystem, native)`` for a URL's scheme and bucket (netloc); ``native``: paths are ``bucket/key``.
+    ``given``: options from the URL itself (its ``KEY:SECRET@``), over the configured ones.
 
     Raises ``InputError`` naming the extra for a scheme whose backend is not installed, and for
     a storage option the backend does not take.
     """
     scheme = scheme.lower()
     env = tuple(os.environ.get(v) for v in _ENVIRONMENT)  # a test or a caller may point the SDK elsewhere
-    key = (scheme, bucket if NATIVE.get(scheme) != "s3" else "", tuple(sorted(_options.items())), env)
+    options = {**_options, **(given or {})}
+    key = (scheme, bucket if NATIVE.get(scheme) != "s3" else "", tuple(sorted(options.items())), env)
     with _lock:
         fs = _made.get(key)
     if fs is None:
-        fs = _make(scheme, bucket)
+        fs = _make(scheme, bucket, options)
         with _lock:
             _made[key] = fs
     return fs, scheme in NATIVE
 
 
-def _make(scheme: str, bucket: str) -> Any:
+def _make(scheme: str, bucket: str, options: dict[str, str]) -> Any:
     import pyarrow.fs as pafs
 
     kind = NATIVE.get(scheme)
     if kind == "s3":
-        return pafs.S3FileSystem(**s3_arguments(_options))
+        return pafs.S3FileSystem(**s3_arguments(options))
     if kind == "gcs":
-        return pafs.GcsFileSystem(**_typed(_options))
+        return pafs.GcsFileSystem(**_typed(options))
     if kind is not None:
         try:
             return pafs.FileSystem.from_uri(f"{scheme}://{bucket}/")[0]
         except (OSError, ValueError) as exc:
             raise InputError(f"{scheme}://{bucket}: cannot open this store ({exc})") from None
-    return pafs.PyFileSystem(pafs.FSSpecHandler(_fsspec(scheme)))
+    return pafs.PyFileSystem(pafs.FSSpecHandler(_fsspec(scheme, options)))
 
 
 def s3_arguments(options: dict[str, str]) -> dict[str, Any]:
@@ -167,14 +169,14 @@ def _typed(options: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def _fsspec(scheme: str) -> Any:
+def _fsspec(scheme: str, options: dict[str, str]) -> Any:
     """fsspec's filesystem for ``scheme``. Raises ``InputError`` naming the extra (or package) that provides it."""
     try:
         import fsspec
     except ImportError:  # pragma: no cover - a base dependency
         raise InputError(f"{scheme}:// URLs need fsspec: pip install fsspec") from None
     try:
-        return fsspec.filesystem(scheme, **_typed(_options))
+        return fsspec.filesystem(scheme, **_typed(options))
     except ImportError as exc:
         extra = BACKEND_EXTRAS.get(scheme)
         fix = f"pip install 'dqa[{extra}]'" if extra else f"install the fsspec backend for {scheme}:// ({exc})"

@@ -3,8 +3,8 @@
 ``location(s)`` is the one place a command's path-or-URL argument becomes something to open:
 a ``pathlib.Path`` for a local path (and ``file://``), a ``StorePath`` for any other URL.
 A ``StorePath`` holds a pyarrow filesystem (``filesystems``), the path inside it and the URL's
-scheme; ``str()`` is the URL, never with credentials (a ``user:password@`` is refused: give them
-the SDK's way). It pickles with its filesystem, so a scan's worker processes open their units
+scheme; ``str()`` is the URL, never with credentials (an ``s3://KEY:SECRET@bucket/`` URL's keys
+go to the filesystem, and the text shown drops them). It pickles with its filesystem, so a scan's worker processes open their units
 from the store themselves. ``open_input`` / ``open_stream`` give the random-access file or the
 stream a reader wants, for either kind of path.
 """
@@ -12,6 +12,7 @@ stream a reader wants, for either kind of path.
 from __future__ import annotations
 
 import fnmatch
+from urllib.parse import unquote
 import os
 import posixpath
 import re
@@ -20,6 +21,7 @@ from typing import Any, Iterator, NamedTuple
 
 from dqa.errors import InputError
 
+_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://)[^/?#\s@]*@")
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)://(?P<rest>.*)$")
 
 
@@ -53,12 +55,15 @@ def location(s: "str | os.PathLike[str] | StorePath") -> "Path | StorePath":
     if scheme == "file":
         return Path(rest)
     netloc = rest.split("/", 1)[0]
-    if "@" in netloc and scheme not in ("abfs", "abfss"):
-        raise InputError(f"{scheme}://...@{netloc.rsplit('@', 1)[1]}: credentials in a URL are not used; "
-                         "give them the SDK's way (AWS_* variables, a profile, HF_TOKEN) or --storage-option")
-    from dqa.storage.filesystems import filesystem
+    from dqa.storage.filesystems import NATIVE, filesystem
 
-    fs, native = filesystem(scheme, netloc)
+    given: dict[str, str] = {}
+    if NATIVE.get(scheme) == "s3" and "@" in netloc:  # s3://KEY:SECRET@bucket/..., as pyarrow's from_uri reads it
+        userinfo, netloc = netloc.rsplit("@", 1)
+        access, _, secret = userinfo.partition(":")
+        given = {"access_key": unquote(access), "secret_key": unquote(secret)}
+        rest = netloc + rest[len(userinfo) + 1 + len(netloc):]
+    fs, native = filesystem(scheme, netloc, given)
     key = rest.strip("/") if native else _fsspec_path(fs, f"{scheme}://{rest}")
     return StorePath(fs, scheme, key)
 
@@ -118,7 +123,16 @@ class StorePath:
 
     # --- names ---------------------------------------------------------------------------
     def __str__(self) -> str:
-        return f"{self.scheme}://{self.key.lstrip('/')}"
+        if self.scheme == "file":
+            return self.key
+        return _USERINFO.sub(r"\1", f"{self.scheme}://{self.key.lstrip('/')}")  # an fsspec path may keep user:password@
+
+    @classmethod
+    def local(cls, path: "str | os.PathLike[str]") -> "StorePath":
+        """A local folder or file as a ``StorePath`` (pyarrow's local filesystem), for code that copies to either."""
+        import pyarrow.fs as pafs
+
+        return cls(pafs.LocalFileSystem(), "file", str(Path(path).absolute()))
 
     def __repr__(self) -> str:
         return f"StorePath({str(self)!r})"

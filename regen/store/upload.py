@@ -1,4 +1,4 @@
-"""Copy closed shards (and run.json / progress.json) to fsspec URLs: an object-store ``--out`` or a ``--mirror``.
+"""Copy closed shards (and run.json / progress.json) to URLs (``dqa.storage``): an object-store ``--out`` or a ``--mirror``.
 
 Each file is put under a temporary name and then moved to its final name, so a
 reader of the target never sees a half-written shard. Uploads run in one
@@ -9,21 +9,19 @@ copied.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import queue
-import stat
-import tempfile
 import threading
 from pathlib import Path
 
-from dqa.errors import InputError, RuntimeFailure
+from dqa import storage
+from dqa.errors import RuntimeFailure
 from dqa.regen.wire.urls import strip_userinfo
 
 
 def is_url(s: str) -> bool:
     """True for ``proto://...`` other than ``file://`` (which is a local folder)."""
-    return "://" in s and not s.startswith("file://")
+    return storage.is_url(s)
 
 
 def local_path(s: str) -> Path:
@@ -32,73 +30,51 @@ def local_path(s: str) -> Path:
 
 
 def stage_dir(url: str) -> Path:
-    """Where a run with an object-store ``--out`` keeps its journal and shards before upload.
+    """Where a run with an object-store ``--out`` keeps its journal and shards before upload: a private
+    folder per URL, credentials left out of its name (``dqa.storage.folders.stage_dir``). Raises
+    ``RuntimeFailure`` when the staging root is not a private folder of this user's."""
+    from dqa.storage.folders import stage_dir as private_stage
 
-    A folder per URL (credentials left out of the name) under a per-user root made ``0700``:
-    ``$XDG_CACHE_HOME/dqa/regen-stage`` when that variable is set, else
-    ``<tempdir>/dqa-<uid>/regen-stage``. Raises ``RuntimeFailure`` when the root exists but is
-    a link or belongs to another user (someone could read or plant shards there).
-    """
-    h = hashlib.sha1(strip_userinfo(url).encode()).hexdigest()[:16]
-    cache = os.environ.get("XDG_CACHE_HOME")
-    root = Path(cache) / "dqa" if cache else Path(tempfile.gettempdir()) / f"dqa-{os.getuid()}"
-    _private_dir(root)
-    return root / "regen-stage" / h
-
-
-def _private_dir(d: Path) -> None:
-    """Make ``d`` (mode 0700) or check that the existing one is a real folder of ours, closed to others."""
-    d.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        d.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
-    st = d.lstat()
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        raise RuntimeFailure(f"{d}: staging folder is not a folder owned by this user; remove it or set XDG_CACHE_HOME")
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        os.chmod(d, 0o700)
-
-
-def _fs(url: str):
-    import fsspec
-
-    try:
-        return fsspec.core.url_to_fs(url)
-    except (ImportError, ValueError) as exc:
-        raise InputError(strip_userinfo(f"{url}: cannot open this URL ({exc}); install the fsspec backend for it")) from None
+    return private_stage(strip_userinfo(url), "regen-stage")
 
 
 class Target:
-    """One fsspec destination folder."""
+    """One destination folder: a URL (``dqa.storage``: pyarrow's S3, GCS, Azure filesystems, fsspec's
+    for the rest) or a local folder. A file put in a store is one object PUT, which appears whole or
+    not at all; in a local folder it is written under a temporary name and renamed."""
 
     def __init__(self, url: str):
         self.url = url.rstrip("/")
         self.name = strip_userinfo(self.url)  # what messages show
-        self.fs, self.root = _fs(self.url)
+        loc = storage.location(self.url)
+        self.root = loc if isinstance(loc, storage.StorePath) else storage.StorePath.local(loc)
 
     def put(self, local: Path, rel: str) -> None:
-        dest = f"{self.root}/{rel}"
-        parent = dest.rsplit("/", 1)[0]
-        self.fs.makedirs(parent, exist_ok=True)
-        tmp = f"{parent}/.tmp-{local.name}"
-        self.fs.put_file(str(local), tmp)
-        self.fs.mv(tmp, dest)
+        from dqa.storage.folders import put_file
+
+        dest = self.root / rel
+        if self.root.scheme != "file":
+            put_file(local, dest)
+            return
+        Path(dest.parent.key).mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".tmp-{local.name}")
+        put_file(local, tmp)
+        os.replace(tmp.key, dest.key)
 
     def shard_names(self) -> set[str]:
         try:
-            return {p.rsplit("/", 1)[-1] for p in self.fs.ls(f"{self.root}/shards", detail=False)}
+            return {p.name for p in (self.root / "shards").iterdir() if p.is_file()}
         except (FileNotFoundError, OSError):
             return set()
 
     def get(self, rel: str, local: Path) -> None:
         local.parent.mkdir(parents=True, exist_ok=True)
         tmp = local.with_name(".tmp-" + local.name)
-        self.fs.get_file(f"{self.root}/{rel}", str(tmp))
+        tmp.write_bytes((self.root / rel).read_bytes())
         tmp.replace(local)
 
     def exists(self, rel: str) -> bool:
-        return self.fs.exists(f"{self.root}/{rel}")
+        return (self.root / rel).exists()
 
 
 class Uploader:
