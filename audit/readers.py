@@ -219,7 +219,6 @@ class Dataset:
                 if batch.start_row + batch.num_rows > want[-1]:
                     return
             return
-        import pyarrow.parquet as pq
 
         start = 0
         tokens = [self.columns.ids, self.columns.supervision]

@@ -31,7 +31,9 @@ SCAN_FILES = (METRICS_FILE, TURNS_FILE, FINDINGS_FILE, SUMMARY_FILE, SUMMARY_MD_
 def is_scan_folder(path: str | Path) -> bool:
     """True when ``path`` holds a scan's ``summary.json`` and ``metrics.parquet`` (both are always
     written by ``dqa scan``, and moved into place together)."""
-    p = Path(path)
+    from dqa.storage import location
+
+    p = location(path)  # a dataset in a store is never a scan folder of this machine's, but may be asked about
     return (p / SUMMARY_FILE).is_file() and (p / METRICS_FILE).is_file()
 
 

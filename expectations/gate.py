@@ -164,6 +164,9 @@ def _reasons(validation: dict[str, Any], drift: dict[str, Any] | None) -> list[s
     return out
 
 
+GATE_JSON = "gate.json"
+
+
 def run_gate(
     release: ScanFolder,
     suite: Suite,
@@ -181,9 +184,16 @@ def run_gate(
     ``gate.json``, ``gate.md`` and ``junit.xml`` (expectations and drift checks as test
     cases). Raises ``InputError`` / ``RuntimeFailure`` like the validation.
     """
+    from dqa import storage
+
+    if storage.is_url(out_dir):  # staged here, published with gate.json last
+        with storage.output_folder(out_dir, GATE_JSON) as local:
+            gate = run_gate(release, suite, local, baseline, fail_on, thresholds, max_ids, docs)
+            storage.repoint_files(local, storage.location(out_dir), (GATE_JSON, "validation/summary.json"))
+        return storage.repoint(gate, local, storage.location(out_dir))
     thr = thresholds or DriftThresholds()
     out = Path(out_dir)
-    atomic.check_output_dir(out, [], lambda d: (d / "gate.json").is_file(), "dqa gate folder")
+    atomic.check_output_dir(out, [], lambda d: (d / GATE_JSON).is_file(), "dqa gate folder")
     # The whole gate folder is built aside and moved into place: a stale gate.json never
     # sits next to a newer validation.
     work = atomic.make_work_dir(out)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from dqa.audit.scan_folder import ScanFolder, is_scan_folder, load_scan_folder, read_summary
+from dqa.audit.scan_folder import SUMMARY_FILE, ScanFolder, is_scan_folder, load_scan_folder, read_summary
 from dqa.errors import InputError
 
 
@@ -31,12 +31,14 @@ def obtain_scan(
     ``scan_out`` holding another dataset's scan, and for a ``metrics_dir`` whose scan records
     another dataset than ``target`` or files of ``target`` that changed since (``check_metrics_of``).
     """
+    from dqa.storage import local_if_written, location, url_of
+
     if metrics_dir is not None:
-        scan = load_scan_folder(metrics_dir)
-        if target is not None and Path(target).resolve() != Path(metrics_dir).resolve():
+        scan = load_scan_folder(local_if_written(metrics_dir, (SUMMARY_FILE,)))  # type: ignore[arg-type]
+        if target is not None and url_of(target) != url_of(metrics_dir):
             check_metrics_of(scan, target)
         return scan
-    t = Path(target)
+    t = location(local_if_written(target, (SUMMARY_FILE,)))  # type: ignore[arg-type]  # a store's scan folder: a local copy
     if is_scan_folder(t):
         return load_scan_folder(t)
     if not t.exists():
@@ -44,6 +46,9 @@ def obtain_scan(
     from dqa.audit import identity
     from dqa.audit.scan import ScanOptions, default_out_dir, reusable_scan, run_scan
 
+    if scan_out is not None and "://" in str(scan_out):  # a scan folder in a store: always scanned afresh there
+        result = run_scan(t, scan_out, ScanOptions(tokenizer=tokenizer, thinking=thinking), progress=progress)
+        return ScanFolder(path=local_if_written(scan_out, (SUMMARY_FILE,)), metrics=result.metrics, summary=result.summary)  # type: ignore[arg-type]
     out = Path(scan_out) if scan_out is not None else default_out_dir(t)
     identity.check_scan_folder(out, t, read_summary(out), "--scan-out")
     options = ScanOptions(tokenizer=tokenizer, thinking=thinking)

@@ -385,6 +385,13 @@ def validate_to_folder(
     from dqa.reports.junit import validation_testsuite, write_junit
     from dqa.reports.markdown_validation import render_validation_markdown
 
+    from dqa import storage
+
+    if storage.is_url(out_dir):  # staged here, published with validation.json last
+        with storage.output_folder(out_dir, "validation.json") as local:
+            v = validate_to_folder(metrics, suite, local, fail_on, max_ids, docs, source, scan)
+            storage.repoint_files(local, storage.location(out_dir), ("summary.json",))
+        return v
     out = Path(out_dir)
     atomic.check_output_dir(out, [], lambda d: (d / "validation.json").is_file(), "dqa validation folder")
     work = atomic.make_work_dir(out)

@@ -52,6 +52,7 @@ from dqa.regen.jobs.rows import check_findings_for, findings_for, narrow, read_f
 from dqa.regen.jobs.turns import iter_turn_jobs
 from dqa.regen.servers import Protocol, ServerKind, protocol_kind
 from dqa.regen.store.upload import Target, Uploader, is_url, local_path, pull_shards, stage_dir
+from dqa.storage import url_of
 from dqa.regen.wire.urls import strip_userinfo
 
 # ------------------------------------------------------------------------------------ the values
@@ -458,7 +459,7 @@ def manifest(data: DatasetSpec, d: DispatchSpec, o: OutputSpec, servers: Servers
     return RunManifest(
         version=RUN_VERSION,
         identity=inputs.identity,
-        dataset_path=str(Path(data.path).resolve()),
+        dataset_path=url_of(data.path),  # a local path resolved, or the URL
         findings=str(inputs.findings) if inputs.selection.failed_only else None,
         # the column overrides given (null: detected); `dqa merge` uses them when given none
         columns=data.columns,

@@ -99,7 +99,7 @@ def test_every_format_scans_from_the_store_as_from_disk(table, bucket, s3, tmp_p
     for name, local in write_formats(table, tmp_path).items():
         url = f"s3://{bucket}/{name}/{local.name}"
         upload(s3.url, local, url)
-        here = scan(local, "qwen3", out=tmp_path / f"scan-local-{name}")
+        scan(local, "qwen3", out=tmp_path / f"scan-local-{name}")
         there = scan(url, "qwen3", out=tmp_path / f"scan-s3-{name}")
         assert there.summary["failing_rows"] == OK_ROWS, name
         assert there.summary["dataset_path"] == url

@@ -83,4 +83,6 @@ def gate(release: str | Path, baseline: str | Path | None = None, *, suite: str 
         raise UsageError("--max-ids must be 0 or more")
     extra = {} if max_ids is None else {"max_ids": max_ids}
     report = gate_release(release, baseline, suite, out, fail_on, thr, tokenizer, thinking, docs=docs, progress=progress, **extra)
-    return GateResult(report, Path(report["outputs"]["junit"]).parent)
+    from dqa.storage import location
+
+    return GateResult(report, location(report["outputs"]["junit"]).parent)  # type: ignore[arg-type]  # a StorePath in a store

@@ -17,13 +17,15 @@ EXPECTED = "a path (str or os.PathLike), a pyarrow.Table, a polars DataFrame or 
 
 
 def in_memory_table(data: Any) -> tuple[Any, str] | None:
-    """``(pyarrow.Table, label)`` for a table in memory; None for a path.
+    """``(pyarrow.Table, label)`` for a table in memory; None for a path or a URL.
 
     The label names the data in summaries and messages (``<pyarrow.Table>``,
     ``<polars.DataFrame>``, ``<datasets.Dataset>``). Raises ``InputError`` for anything else
     (a ``DatasetDict``: name one split; an ``IterableDataset``: not held in memory).
     """
-    if isinstance(data, (str, os.PathLike)):
+    from dqa.storage import StorePath
+
+    if isinstance(data, (str, os.PathLike, StorePath)):  # a path or a URL (dqa.storage)
         return None
     import pyarrow as pa
 

@@ -6,7 +6,9 @@
     summary.replaced, summary.unregenerated, summary.report
 
 The new dataset keeps the input's format and layout; the merge report is written beside it
-(``NEW.merge-report.json``). See ``dqa.regen.merge`` for what replaces what.
+(``NEW.merge-report.json``). See ``dqa.regen.merge`` for what replaces what. Any of the paths may be a URL
+(``dqa.storage``): the dataset is streamed from its store, a regen run is read from a local copy, and a NEW in
+a store is written locally first and uploaded, its report last.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from dqa.errors import UsageError
+from dqa.errors import InputError, UsageError
 from dqa.regen.config import DEFAULT_MERGE_BATCH_ROWS
+from dqa.storage import input_folder, is_url, location, output_path, url_of
 
 if TYPE_CHECKING:
     from dqa.regen.merge import MergeSummary
@@ -47,7 +50,42 @@ def merge(dataset: str | Path, regen: str | Path | Iterable[str | Path], out: st
     if batch_rows < 1:
         raise UsageError(f"--batch-rows {batch_rows}: expected a positive number")
     regen_dirs = [regen] if isinstance(regen, (str, Path)) else list(regen)
+    opts = MergeOptions(failed=failed, batch_rows=batch_rows, accept=accepted, **options)
+    if is_url(out):
+        return _merge_to_store(dataset, regen_dirs, str(out), opts)
     try:
-        return run_merge(dataset, regen_dirs, out, MergeOptions(failed=failed, batch_rows=batch_rows, accept=accepted, **options))
+        return run_merge(dataset, [_local_run(d) for d in regen_dirs], out, opts)
     except OSError as exc:  # writing NEW failed (disk full ...): name it in the one-line error
         raise named_os_error(exc, out) from exc
+
+
+def _local_run(run: str | Path) -> str | Path:
+    """A regen run folder to read: itself, or for a URL its local copy (refused when an upload left it incomplete)."""
+    from dqa.regen.store.folder import RUN_JSON
+
+    return input_folder(run, RUN_JSON) if is_url(run) else run
+
+
+def _merge_to_store(dataset: str | Path, regen_dirs: list[str | Path], out: str, opts: Any) -> "MergeSummary":
+    """Merge into a local staging path, then upload NEW (a folder under ``.dqa-incomplete`` until whole, a file as
+    one object) and its report last (``dqa.storage.output_path``). The report names the URLs, not the staging path."""
+    import json
+
+    from dqa.atomic import write_json
+    from dqa.regen.merge import merge as run_merge
+    from dqa.regen.merge.report import report_path
+
+    loc = location(out)
+    if url_of(out) == url_of(dataset):
+        raise InputError(f"--out {loc}: the output would replace the input dataset; choose another --out")
+    if loc.exists() and not opts.force:
+        raise InputError(f"--out {loc}: exists in the store; choose another --out or give --force")
+    runs = [_local_run(d) for d in regen_dirs]
+    with output_path(loc) as local:
+        summary = run_merge(dataset, runs, local, opts)
+        summary.output, summary.report = str(loc), str(loc.parent / report_path(local).name)
+        summary.regen = [url_of(d) for d in regen_dirs]
+        report = json.loads(report_path(local).read_text())
+        report.update({k: getattr(summary, k) for k in ("output", "report", "regen")})
+        write_json(report_path(local), report)
+    return summary

@@ -24,6 +24,22 @@ if TYPE_CHECKING:
     from dqa.regen.run import RunResult
 
 
+def _findings_here(config: "RegenConfig") -> "RegenConfig":
+    """``config`` with findings given as a URL replaced by their local copy (a scan folder in a store is read
+    through ``dqa.storage.input_folder``, refused when an upload left it incomplete)."""
+    from dataclasses import replace
+
+    from dqa.audit.scan_folder import SUMMARY_FILE
+    from dqa.storage import input_folder, is_url, location
+
+    given = config.selection.findings
+    if not given or not is_url(given):
+        return config
+    loc = location(given)
+    local = input_folder(loc.parent, SUMMARY_FILE) / loc.name if loc.is_file() else input_folder(loc, SUMMARY_FILE)
+    return replace(config, selection=replace(config.selection, findings=str(local)))
+
+
 def regenerate(dataset: str | Path | None = None, out: str | None = None, *, config: "RegenConfig | None" = None,
                **options: Any) -> "RunResult":
     """Run (or resume) the regeneration of ``dataset``'s selected rows into ``out``; returns its ``RunResult``.
@@ -43,7 +59,7 @@ def regenerate(dataset: str | Path | None = None, out: str | None = None, *, con
     elif dataset is not None or out is not None or options:
         raise TypeError("regenerate: give a config, or the dataset, out and options; not both")
     try:
-        result = run_regenerate(config)
+        result = run_regenerate(_findings_here(config))
     except DqaError as exc:  # an --out/--mirror URL may carry credentials: never show them
         raise type(exc)(strip_userinfo(str(exc))) from None
     except OSError as exc:

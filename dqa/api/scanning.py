@@ -176,13 +176,14 @@ def check_before_tokenizer(dataset: str | Path, out_dir: Path) -> None:
     from dqa.audit.scan_folder import is_scan_folder, read_summary
     from dqa.errors import InputError
 
-    from dqa.storage import input_folder, is_url, location
+    from dqa.storage import INCOMPLETE, input_folder, is_url, location
 
     if not location(dataset).exists():
         raise InputError(f"{dataset}: no such file or folder" + (" in the store" if is_url(dataset) else ""))
     if is_url(out_dir):
-        if not location(out_dir).is_dir():
-            return  # a new folder in the store
+        there = location(out_dir)
+        if not there.is_dir() or (there / INCOMPLETE).is_file():
+            return  # a new folder in the store, or one an interrupted upload left: the scan writes it anew
         out = input_folder(out_dir)
     else:
         out = Path(out_dir)

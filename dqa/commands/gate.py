@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
-from dqa.commands.common import console, handles_errors, help_text
+from dqa.commands.common import console, handles_errors, help_text, storage_option_param
 from dqa.errors import EXIT_OK, EXIT_QUALITY
 
 
 def gate(
-    release: Optional[Path] = typer.Argument(
-        None, help="The candidate release: a dataset (scanned first) or a scan folder (reused).", show_default=False
+    release: Optional[str] = typer.Argument(
+        None, help="The candidate release: a dataset (scanned first) or a scan folder (reused); a path or a URL (s3://...).", show_default=False
     ),
-    baseline: Optional[Path] = typer.Option(None, "--baseline", "-b", help="The previous release (dataset or scan folder) for drift checks."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", "-b", help="The previous release (dataset or scan folder, a path or a URL) for drift checks."),
     suite: str = typer.Option("release", "--suite", "-s", help="Suite JSON file, or a bundled suite: release, regen."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder. \\[default: RELEASE_SCAN_FOLDER/gate/]"),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output folder or URL (gate.json written last). \\[default: RELEASE_SCAN_FOLDER/gate/]"),
     fail_on: str = typer.Option("critical", "--fail-on", help="Lowest expectation severity that fails the gate: critical or warning."),
     max_row_drop: float = typer.Option(0.05, help="Fail when the release has this share fewer rows than the baseline."),
     max_row_growth: Optional[float] = typer.Option(None, help="Fail when the release has this share more rows. \\[default: no limit]"),
@@ -32,6 +31,7 @@ def gate(
     thinking: str = typer.Option("auto", help="For fresh scans: is thinking expected? auto, expected, off."),
     as_json: bool = typer.Option(False, "--json", help="Print gate.json on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing; exit code only."),
+    storage_option: List[str] = storage_option_param(),
 ) -> None:
     """Gate a dataset release in CI: expectation suite + drift against the previous release.
 
@@ -46,13 +46,15 @@ def gate(
     Exit codes: 0 pass, 1 fail, 2 usage or input error, 3 runtime failure.
     """
     raise typer.Exit(_run(release, baseline, suite, out, fail_on, max_row_drop, max_row_growth, max_failing_share_increase,
-                          max_ks, ks_alpha, max_ids, no_docs, tokenizer, thinking, as_json, quiet))
+                          max_ks, ks_alpha, max_ids, no_docs, tokenizer, thinking, as_json, quiet, storage_option))
 
 
 @handles_errors
 def _run(release, baseline, suite, out, fail_on, max_row_drop, max_row_growth, max_failing_share_increase, max_ks, ks_alpha,
-         max_ids, no_docs, tokenizer, thinking, as_json, quiet) -> int:
-    from dqa import api
+         max_ids, no_docs, tokenizer, thinking, as_json, quiet, storage_option=()) -> int:
+    from dqa import api, storage
+
+    storage.configure(storage_option)
     from dqa.commands.validate import scan_progress
     from dqa.errors import UsageError
     from dqa.reports.markdown_validation import append_step_summary
@@ -76,7 +78,7 @@ def _print(result: dict, out_dir: str) -> None:
 
     from dqa.commands.validate import print_validation
 
-    print_validation(result["validation"], str(Path(out_dir) / "validation"))
+    print_validation(result["validation"], f"{out_dir.rstrip('/')}/validation")
     out = console(stderr=False)
     if not out.is_terminal:
         out.width = max(out.width, 150)

@@ -4,26 +4,25 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from dqa.commands.common import handles_errors, help_text, stderr_is_tty
+from dqa.commands.common import handles_errors, help_text, stderr_is_tty, storage_option_param
 from dqa.regen.config import DEFAULT_MERGE_BATCH_ROWS
 
 
 def merge(
-    dataset: Path = typer.Argument(
-        ..., help="The dataset dqa regen read: parquet file or folder, HF save_to_disk folder, Arrow IPC file, or JSONL.",
+    dataset: str = typer.Argument(
+        ..., help="The dataset dqa regen read: parquet file or folder, HF save_to_disk folder, Arrow IPC file, or JSONL; a path or a URL (s3://...).",
         show_default=False,
     ),
-    regen: List[Path] = typer.Option(
+    regen: List[str] = typer.Option(
         ..., "--regen", "-r", metavar="DIR", show_default=False,
-        help="The --out folder of dqa regen (repeatable: one per --shard i/N driver).",
+        help="The --out folder or URL of dqa regen (repeatable: one per --shard i/N driver).",
     ),
-    out: Path = typer.Option(
-        ..., "--out", "-o", metavar="NEW", show_default=False, help="The new dataset: a file or folder of the input's format."
+    out: str = typer.Option(
+        ..., "--out", "-o", metavar="NEW", show_default=False, help="The new dataset: a file or folder of the input's format, or a URL (written locally, then uploaded; a folder stays marked incomplete until whole, the report comes last)."
     ),
     failed: str = typer.Option(
         "keep", "--failed", metavar="keep|drop", help="Rows that could not be regenerated: keep the original, or drop the row."
@@ -41,6 +40,7 @@ def merge(
     id_column: Optional[str] = typer.Option(None, help="Sample id column (default: the one given to dqa regen, else id, if present)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout (instead of the summary line)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line, no notes, no progress bar; exit code only."),
+    storage_option: List[str] = storage_option_param(),
 ) -> None:
     """Merge regenerated samples into a new copy of the dataset.
 
@@ -72,14 +72,15 @@ def merge(
     NEW is the input); 3 a row appears twice in the shards.
     """
     raise typer.Exit(_run(dataset, regen, out, failed, force, check_prompts, batch_rows, ids_column, mask_column,
-                          labels_column, id_column, as_json, quiet, accept))
+                          labels_column, id_column, as_json, quiet, accept, storage_option))
 
 
 @handles_errors
 def _run(dataset, regen, out, failed, force, check_prompts, batch_rows, ids_column, mask_column, labels_column,
-         id_column, as_json, quiet, accept="ok") -> int:
-    from dqa import api
+         id_column, as_json, quiet, accept="ok", storage_option=()) -> int:
+    from dqa import api, storage
 
+    storage.configure(storage_option)
     progress = None
     task = None
     on_start = on_batch = None

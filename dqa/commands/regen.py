@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from dqa.commands.common import handles_errors
+from dqa.commands.common import handles_errors, storage_option_param
 from dqa.regen.config import DatasetSpec, DispatchSpec, OutputSpec, Retries, SamplingSpec, Selection, Timeouts
 
 HELP = """Regenerate the samples `dqa scan` flagged, with thinking on, on a fleet of SGLang (or OpenAI-compatible) servers.
@@ -29,13 +29,13 @@ def register(app: typer.Typer) -> None:
 
 @handles_errors
 def regen(
-    dataset: str = typer.Argument(..., help="Tokenized dataset: parquet file/folder, HF save_to_disk folder, Arrow or JSONL."),
+    dataset: str = typer.Argument(..., help="Tokenized dataset: parquet file/folder, HF save_to_disk folder, Arrow or JSONL; a path or a URL (s3://...)."),
     ids_column: Optional[str] = typer.Option(None, help="Token ids column (default: input_ids)."),
     mask_column: Optional[str] = typer.Option(None, help="0/1 loss mask column (default: loss_mask, if present)."),
     labels_column: Optional[str] = typer.Option(None, help="Labels column, -100 = unsupervised (default: labels)."),
     id_column: Optional[str] = typer.Option(None, help="Sample id column (default: id, if present)."),
     failed_only: bool = typer.Option(Selection.failed_only, "--failed-only/--all", help="Only the rows in findings.parquet (default), or every row."),
-    findings: Optional[str] = typer.Option(None, "--findings", help="findings.parquet or the folder holding it. Default: dqa-out/<dataset name>/ (where `dqa scan` writes)."),
+    findings: Optional[str] = typer.Option(None, "--findings", help="findings.parquet or the folder holding it, or their URL. Default: dqa-out/<dataset name>/ (where `dqa scan` writes)."),
     reasons: Optional[str] = typer.Option(None, "--reasons", help="Only rows flagged by these checks, comma-separated, e.g. degenerate_template,empty_thinking."),
     turns: str = typer.Option(Selection.turns, "--turns", help="Which assistant turns of a conversation to regenerate, each in order on the regenerated history: flagged (default: from the first turn the scan flags to the last; the last turn when only whole-sample checks flag it), all, or last."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N selected rows (a trial run; a later run with a larger limit resumes it)."),
@@ -64,10 +64,13 @@ def regen(
     shard_rows: int = typer.Option(OutputSpec.shard_rows, "--shard-rows", help=f"Rows per output shard (a shard also closes every {OutputSpec.shard_seconds / 60:g} minutes)."),
     json_out: bool = typer.Option(False, "--json", help="Print the final progress object as JSON on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live display, no log lines, no summary; exit code (and --json) only."),
+    storage_option: List[str] = storage_option_param(),
 ) -> None:
     import json
 
-    from dqa import api
+    from dqa import api, storage
+
+    storage.configure(storage_option)
     from dqa.errors import RegenStopped
     from dqa.regen.config import RegenConfig
 

@@ -7,14 +7,14 @@ from typing import List, Optional
 
 import typer
 
-from dqa.commands.common import handles_errors, help_text
+from dqa.commands.common import handles_errors, help_text, storage_option_param
 from dqa.regen.config import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROTOCOL, DEFAULT_TURNS
 from dqa.repair import DEFAULT_ROUNDS
 
 
 def repair(
-    dataset: Path = typer.Argument(..., help="The dataset to repair (any format `dqa scan` reads).", show_default=False),
-    out: Path = typer.Option(..., "--out", "-o", help="The release to write (a new path; same format as DATASET).", show_default=False),
+    dataset: str = typer.Argument(..., help="The dataset to repair (any format `dqa scan` reads; a path or a URL).", show_default=False),
+    out: str = typer.Option(..., "--out", "-o", help="The release to write (a new path or URL; same format as DATASET).", show_default=False),
     endpoint: List[str] = typer.Option([], "--endpoint", "-e", help="A generation server's URL (repeatable)."),
     fleet: List[str] = typer.Option([], "--fleet", help="A fleet file from `dqa fleet up` instead of --endpoint; repeatable, one per node: the servers are their union."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", "-t", help="Tokenizer folder or preset (qwen3, qwen3.6) for the scans, regen and the gate."),
@@ -23,7 +23,7 @@ def repair(
     gpu_hour_cost: float = typer.Option(0.0, "--gpu-hour-cost", help="Price of one GPU hour, for the cost of each round."),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs the servers use (default: the fleet file's, else one per endpoint)."),
     plan: Optional[Path] = typer.Option(None, "--plan", help="A `dqa plan --calibrate --json` file: its calibration estimates round 1's tokens, time and cost. \\[default: round 1 estimated from --max-new-tokens, cost unknown until it ran]"),
-    work: Optional[Path] = typer.Option(None, "--work", help="The work folder (every round's scan, regen run and merge, repair.json). \\[default: dqa-out/NAME-repair/]"),
+    work: Optional[str] = typer.Option(None, "--work", help="The work folder or URL (every round's scan, regen run and merge, repair.json; in a store: staged here and published back, repair.json last). \\[default: dqa-out/NAME-repair/]"),
     failed: str = typer.Option("keep", "--failed", help="Samples still failing after the last round: keep (as the last round left them) or drop (left out of the release, in any format the merge writes)."),
     max_new_tokens: int = typer.Option(DEFAULT_MAX_NEW_TOKENS, "--max-new-tokens", help="Output tokens per sample in round 1 (doubled for samples cut by it, within the servers' context)."),
     max_in_flight: int = typer.Option(DEFAULT_MAX_IN_FLIGHT, "--max-in-flight", help="Requests in flight per endpoint."),
@@ -32,6 +32,7 @@ def repair(
     force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
     as_json: bool = typer.Option(False, "--json", help="Print repair.json's final record on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines; exit code (and --json) only."),
+    storage_option: List[str] = storage_option_param(),
 ) -> None:
     """Repair DATASET into a release that passes the gate: scan, regenerate the failing samples,
     merge, rescan, and again for what still fails, then gate.
@@ -57,15 +58,18 @@ def repair(
     or input error, 3 runtime failure (a regen run stopped: rerun to resume).
     """
     raise typer.Exit(_run(dataset, out, endpoint, fleet, tokenizer, rounds, budget_usd, gpu_hour_cost, gpus, plan, work, failed,
-                          max_new_tokens, max_in_flight, protocol, turns, force, as_json, quiet))
+                          max_new_tokens, max_in_flight, protocol, turns, force, as_json, quiet, storage_option))
 
 
 @handles_errors
 def _run(dataset, out, endpoint, fleet, tokenizer, rounds, budget_usd, gpu_hour_cost, gpus, plan, work, failed, max_new_tokens,
-         max_in_flight, protocol, turns, force, as_json, quiet) -> int:
+         max_in_flight, protocol, turns, force, as_json, quiet, storage_option=()) -> int:
     import json
     import sys
 
+    from dqa import storage
+
+    storage.configure(storage_option)
     from dqa.repair import RepairOptions, repair as run_repair
 
     # One fleet file is recorded as its path, as before several could be given (a work folder

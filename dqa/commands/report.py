@@ -5,25 +5,26 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
-from dqa.commands.common import handles_errors
+from dqa.commands.common import handles_errors, storage_option_param
 from dqa.errors import EXIT_OK
 
 
 def report(
-    scan_dir: Optional[Path] = typer.Argument(None, help="A scan folder written by `dqa scan` (holds summary.json, metrics.parquet), "
-                                              "or a `dqa repair` work folder (holds repair.json).", show_default=False),
-    regen: Optional[Path] = typer.Option(None, "--regen", "-r", help="A `dqa regen` output folder: throughput over time, progress."),
-    validation: Optional[Path] = typer.Option(None, "--validation", "-v",
+    scan_dir: Optional[str] = typer.Argument(None, help="A scan folder written by `dqa scan` (holds summary.json, metrics.parquet), "
+                                             "or a `dqa repair` work folder (holds repair.json); a path or a URL (s3://...).", show_default=False),
+    regen: Optional[str] = typer.Option(None, "--regen", "-r", help="A `dqa regen` output folder: throughput over time, progress."),
+    validation: Optional[str] = typer.Option(None, "--validation", "-v",
                                               help="A `dqa validate` output folder, made from this scan. \\[default: the newest such one in SCAN_DIR]"),
-    after: Optional[Path] = typer.Option(None, "--after", "-a",
+    after: Optional[str] = typer.Option(None, "--after", "-a",
                                          help="A scan folder of the new release, for the 'after' histogram. \\[default: the regen outputs]"),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="The HTML file to write. \\[default: SCAN_DIR/report.html]"),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="The HTML file to write, a path or a URL. \\[default: SCAN_DIR/report.html]"),
     as_json: bool = typer.Option(False, "--json", help="Print {\"report\": PATH} on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing."),
+    storage_option: List[str] = storage_option_param(),
 ) -> None:
     """Write a self-contained HTML report (one file, works offline, no scripts).
 
@@ -45,19 +46,40 @@ def report(
 
     Exit codes: 0 written, 2 a missing or unreadable input, 3 could not write.
     """
-    raise typer.Exit(_run(scan_dir, regen, validation, after, out, as_json, quiet))
+    raise typer.Exit(_run(scan_dir, regen, validation, after, out, as_json, quiet, storage_option))
+
+
+def _local(folder: Optional[str]) -> Optional[Path]:
+    """A folder given to the report, local: a URL's local copy (``dqa.storage.input_folder``)."""
+    from dqa.storage import input_folder
+
+    return None if folder is None else input_folder(folder)
+
+
+def _write(dest: str | Path, page: str) -> str:
+    """Write the report to ``dest`` (a path, or a URL: written here, then uploaded as one object); returns what to show."""
+    from dqa import atomic
+    from dqa.storage import location, output_path
+
+    with output_path(dest) as local:
+        atomic.write_text(local, page)
+    return str(location(dest))
 
 
 @handles_errors
-def _run(scan_dir, regen, validation, after, out, as_json, quiet) -> int:
-    from dqa import atomic
+def _run(scan_dir, regen, validation, after, out, as_json, quiet, storage_option=()) -> int:
+    from dqa import storage
+
+    storage.configure(storage_option)
+    if scan_dir is not None and out is None and storage.is_url(scan_dir):
+        out = f"{str(storage.location(scan_dir)).rstrip('/')}/report.html"  # beside the scan, in its store
+    scan_dir, regen, validation, after = _local(scan_dir), _local(regen), _local(validation), _local(after)
     from dqa.audit.scan_folder import read_summary
     from dqa.errors import UsageError
     from dqa.reports.html import load_inputs, render_report
 
     if scan_dir is None:
         raise UsageError("missing SCAN_DIR (a folder written by `dqa scan`; see dqa report --help)")
-    scan_dir = Path(scan_dir)
     from dqa.repair.work import REPAIR_FILE
 
     if (scan_dir / REPAIR_FILE).is_file():
@@ -73,8 +95,7 @@ def _run(scan_dir, regen, validation, after, out, as_json, quiet) -> int:
     for note in notes:
         if not quiet:
             typer.echo(f"note: {note}", err=True)
-    path = Path(out) if out is not None else scan_dir / "report.html"
-    atomic.write_text(path, render_report(inputs))
+    path = _write(out if out is not None else scan_dir / "report.html", render_report(inputs))
     if as_json:
         sys.stdout.write(json.dumps({"report": str(path)}) + "\n")
     elif not quiet:
@@ -89,7 +110,6 @@ def _run_repair(work: Path, regen, validation, after, out, as_json, quiet) -> in
     dataset's scan when it is there. Raises ``InputError`` for an unreadable repair.json."""
     from rich.console import Console
 
-    from dqa import atomic
     from dqa.audit.scan_folder import is_scan_folder
     from dqa.errors import InputError
     from dqa.reports.html import load_inputs, render_repair_only, render_report
@@ -111,8 +131,7 @@ def _run_repair(work: Path, regen, validation, after, out, as_json, quiet) -> in
         page = render_report(inputs)
     else:
         page = render_repair_only(repair)
-    path = Path(out) if out is not None else work / "report.html"
-    atomic.write_text(path, page)
+    path = _write(out if out is not None else work / "report.html", page)
     if as_json:
         sys.stdout.write(json.dumps({"report": str(path)}) + "\n")
     elif not quiet:

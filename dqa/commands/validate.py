@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
-from dqa.commands.common import console, handles_errors, help_text, stderr_is_tty
+from dqa.commands.common import console, handles_errors, help_text, stderr_is_tty, storage_option_param
 from dqa.errors import EXIT_OK, EXIT_QUALITY
 
 
 def validate(
-    dataset: Optional[Path] = typer.Argument(
-        None, help="A dataset (scanned first) or a scan folder holding metrics.parquet (reused).", show_default=False
+    dataset: Optional[str] = typer.Argument(
+        None, help="A dataset (scanned first) or a scan folder holding metrics.parquet (reused); a path or a URL (s3://...).", show_default=False
     ),
     suite: str = typer.Option("release", "--suite", "-s", help="Suite JSON file, or a bundled suite: release, regen."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder. \\[default: SCAN_FOLDER/validation-SUITE/]"),
-    metrics: Optional[Path] = typer.Option(None, "--metrics", help="Reuse this scan folder's metrics instead of scanning (a scan of DATASET, files unchanged since)."),
-    scan_out: Optional[Path] = typer.Option(None, "--scan-out", help="Where a fresh scan is written. \\[default: dqa-out/<dataset name>/]"),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output folder or URL (validation.json written last). \\[default: SCAN_FOLDER/validation-SUITE/]"),
+    metrics: Optional[str] = typer.Option(None, "--metrics", help="Reuse this scan folder's metrics instead of scanning (a scan of DATASET, files unchanged since)."),
+    scan_out: Optional[str] = typer.Option(None, "--scan-out", help="Where a fresh scan is written. \\[default: dqa-out/<dataset name>/]"),
     fail_on: str = typer.Option("critical", "--fail-on", help="Lowest severity that fails the run: critical or warning."),
     max_ids: int = typer.Option(20, "--max-ids", help="Failing sample ids listed per expectation in the reports."),
     no_docs: bool = typer.Option(False, "--no-docs", help="Skip building GX Data Docs."),
@@ -28,6 +27,7 @@ def validate(
     thinking: str = typer.Option("auto", help="For a fresh scan: is thinking expected? auto, expected, off."),
     as_json: bool = typer.Option(False, "--json", help="Print the validation summary JSON on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing; exit code only."),
+    storage_option: List[str] = storage_option_param(),
 ) -> None:
     """Validate a dataset release against a Great Expectations suite (over `dqa scan` metrics).
 
@@ -45,11 +45,17 @@ def validate(
     Exit codes: 0 passed, 1 an expectation at or above --fail-on failed, 2 bad input or suite,
     3 runtime failure.
     """
-    raise typer.Exit(_run(dataset, suite, out, metrics, scan_out, fail_on, max_ids, no_docs, tokenizer, thinking, as_json, quiet))
+    raise typer.Exit(_run(dataset, suite, out, metrics, scan_out, fail_on, max_ids, no_docs, tokenizer, thinking, as_json, quiet,
+                          storage_option))
 
 
 @handles_errors
-def _run(dataset, suite, out, metrics, scan_out, fail_on, max_ids, no_docs, tokenizer, thinking, as_json, quiet) -> int:
+def _run(dataset, suite, out, metrics, scan_out, fail_on, max_ids, no_docs, tokenizer, thinking, as_json, quiet,
+         storage_option=()) -> int:
+    from dqa import storage
+    from dqa.storage import location
+
+    storage.configure(storage_option)
     from dqa.audit.identity import scan_record
     from dqa.audit.scan_folder import METRICS_FILE
     from dqa.errors import UsageError
@@ -69,7 +75,7 @@ def _run(dataset, suite, out, metrics, scan_out, fail_on, max_ids, no_docs, toke
     v = validate_to_folder(scan.metrics, spec, out_dir, fail_on, max_ids, docs=not no_docs,
                            source=str(scan.path / METRICS_FILE), scan=scan_record(scan.path, scan.summary))
     summary = v.summary()
-    append_step_summary((Path(out_dir) / "summary.md").read_text(encoding="utf-8"))
+    append_step_summary((location(out_dir) / "summary.md").read_text(encoding="utf-8"))
     if as_json:
         sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
     elif not quiet:

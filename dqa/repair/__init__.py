@@ -16,12 +16,14 @@ failing) and gated. Every step calls the steps' Python API (``dqa.scan``, ``dqa.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from dqa.audit.scan_folder import findings_file
+from dqa import storage
 from dqa.errors import EXIT_OK, EXIT_QUALITY, InputError, UsageError
 from dqa.repair.budget import RoundPlan, cut_rows, plan_round, read_calibration, regen_figures, turns_to_regenerate
 from dqa.repair.held import SELECT_DIR, cannot_fit_note, failing_rows, held_back, write_selection
@@ -105,11 +107,13 @@ def repair(dataset: str | Path, out: str | Path, options: RepairOptions, *, work
     from dqa.audit.scan import ScanOptions, default_out_dir, reusable_scan
 
     options.check()
+    if storage.is_url(out) or (work is not None and storage.is_url(work)):
+        return _repair_into_store(dataset, out, options, work, log, force)
     say = log or (lambda msg: None)
-    dataset, out = Path(dataset), Path(out)
+    dataset, out = storage.location(dataset), Path(out)
     if not dataset.exists():
         raise InputError(f"{dataset}: no such file or folder")
-    if out.resolve() == dataset.resolve():
+    if str(out.resolve()) == storage.url_of(dataset):
         raise InputError(f"--out {out}: is the dataset itself; give a new path")
     wf = WorkFolder.open(work or default_work_dir(dataset), dataset, options.recorded())
     final = wf.state.get("final") or {}
@@ -310,6 +314,32 @@ def _output_tokens(progress: dict[str, Any]) -> int:
     return total or int((progress.get("mean_output_tokens") or 0) * (progress.get("ok", 0) + progress.get("truncated", 0)))
 
 
+def _repair_into_store(dataset: str | Path, out: str | Path, options: RepairOptions, work: str | Path | None,
+                       log: Callable[[str], None] | None, force: bool) -> RepairResult:
+    """``repair`` with ``out`` and/or ``work`` in a store. The work folder is staged here from the store and
+    published back, ``repair.json`` last, when the repair ends, also when it stops (a rerun resumes it; the
+    paths repair.json records are this machine's staging paths). The release is written and gated here,
+    then uploaded (``dqa.storage.output_path``)."""
+    from dqa.repair.work import REPAIR_FILE, WorkFolder
+
+    if storage.url_of(out) == storage.url_of(dataset):
+        raise InputError(f"--out {storage.location(out)}: is the dataset itself; give a new path")
+    target = storage.location(out)
+    work_at = work if work is not None else default_work_dir(dataset)
+    with contextlib.ExitStack() as stack:
+        local_work = stack.enter_context(storage.output_folder(work_at, REPAIR_FILE, on_error=True))
+        if isinstance(target, Path):
+            return repair(dataset, target, options, work=local_work, log=log, force=force)
+        recorded = (WorkFolder.peek(local_work).get("final") or {}).get("out")
+        if target.exists() and not force and recorded != str(storage.staged_path(target)):
+            raise InputError(f"--out {target}: exists in the store; give a new path or --force")
+        kept = recorded == str(storage.staged_path(target)) and target.exists()  # a finished repair's release: gated again
+        with storage.output_path(target, fetch=kept) as local_out:
+            result = repair(dataset, local_out, options, work=local_work, log=log, force=True)
+    result.out = target  # type: ignore[assignment]
+    return result
+
+
 def _write_release(src: Path, out: Path, drop_failing_of: Path | None) -> None:
     """Write the release ``out`` from ``src`` atomically: a copy, or (``drop_failing_of``: a scan
     folder of ``src``) the rows its findings do not flag, in ``src``'s format and file layout."""
@@ -318,6 +348,18 @@ def _write_release(src: Path, out: Path, drop_failing_of: Path | None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     if drop_failing_of is not None:
         _write_without_failing(src, out, drop_failing_of)
+        return
+    if isinstance(src, storage.StorePath):  # nothing ran on a set in a store: the release is a copy of it
+        import pyarrow.fs as pafs
+
+        tmp = atomic.new_temp(out)
+        tmp.unlink()
+        with storage.store_errors(str(src)):
+            pafs.copy_files(src.key, str(tmp), source_filesystem=src.fs, destination_filesystem=pafs.LocalFileSystem())
+        if tmp.is_dir():
+            atomic.replace_dir(tmp, out)
+        else:
+            tmp.replace(out)
         return
     if src.is_dir():
         tmp = atomic.new_temp(out)

@@ -26,6 +26,7 @@ from typing import Any
 from dqa import atomic
 from dqa.audit import identity
 from dqa.errors import InputError
+from dqa.storage import location
 
 REPAIR_FILE = "repair.json"
 VERSION = 1
@@ -33,7 +34,7 @@ VERSION = 1
 
 def default_work_dir(dataset: str | Path) -> Path:
     """``dqa-out/<dataset name>-repair/`` (``train.parquet`` -> ``dqa-out/train-repair/``)."""
-    p = Path(dataset)
+    p = location(dataset)
     name = p.name[: -len(p.suffix)] if p.suffix and p.is_file() else p.name
     return identity.DEFAULT_ROOT / f"{name}-repair"
 
@@ -84,6 +85,15 @@ class WorkFolder:
         wf = cls(path, {"version": VERSION, **asked, "rounds": [], "status": "running"})
         wf.save()
         return wf
+
+    @staticmethod
+    def peek(path: str | Path) -> dict[str, Any]:
+        """The ``repair.json`` of the folder at ``path`` as it stands, unchecked; ``{}`` when there is none or it is unreadable."""
+        try:
+            state = json.loads((Path(path) / REPAIR_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        return state if isinstance(state, dict) else {}
 
     def save(self) -> None:
         """Rewrite ``repair.json`` atomically."""

@@ -27,9 +27,9 @@ from __future__ import annotations
 from dqa.storage.store_path import StorePath, is_url, location, open_binary, open_input, open_stream, url_of
 from dqa.storage.filesystems import configure, parse_options
 from dqa.storage.faults import store_errors
-from dqa.storage.folders import INCOMPLETE, check_complete, input_folder, local_if_written, output_folder, output_path, publish
+from dqa.storage.folders import INCOMPLETE, check_complete, input_folder, local_if_written, output_folder, output_path, publish, repoint, repoint_files, staged_path
 
 __all__ = [
     "INCOMPLETE", "StorePath", "check_complete", "configure", "input_folder", "is_url", "local_if_written", "location",
-    "open_binary", "open_input", "open_stream", "output_folder", "output_path", "parse_options", "publish", "store_errors", "url_of",
+    "open_binary", "open_input", "open_stream", "output_folder", "output_path", "parse_options", "publish", "repoint", "repoint_files", "staged_path", "store_errors", "url_of",
 ]

@@ -162,11 +162,14 @@ def local_if_written(arg: "str | os.PathLike[str] | None", marks: tuple[str, ...
 
 
 @contextlib.contextmanager
-def output_folder(dest: "str | os.PathLike[str] | StorePath", complete: str | None = None) -> Iterator[Path]:
-    """Yield the local folder to write ``dest`` in; for a URL, ``publish`` it when the block ends without error.
+def output_folder(dest: "str | os.PathLike[str] | StorePath", complete: str | None = None,
+                  on_error: bool = False) -> Iterator[Path]:
+    """Yield the local folder to write ``dest`` in; for a URL, ``publish`` it when the block ends without error
+    (``on_error``: also when it raises, for a work folder a rerun resumes from; the block's error is raised).
 
     A URL's staging folder starts as a copy of what the store holds there (so a rerun sees its
-    earlier output, as a local folder would). Raises the store's errors as ``store_errors``.
+    earlier output, as a local folder would), or empty when an interrupted publish left it
+    incomplete (the rerun writes it anew). Raises the store's errors as ``store_errors``.
     """
     loc = location(dest)
     if not isinstance(loc, StorePath):
@@ -174,6 +177,8 @@ def output_folder(dest: "str | os.PathLike[str] | StorePath", complete: str | No
         return
     local = stage_dir(str(loc), "outputs")
     files = _listing(loc)
+    if INCOMPLETE in files:  # an interrupted publish of this folder: written again from scratch
+        files = {}
     if local.exists():
         shutil.rmtree(local)
     if files:
@@ -181,29 +186,41 @@ def output_folder(dest: "str | os.PathLike[str] | StorePath", complete: str | No
         (local / FETCHED).unlink()
     else:
         local.parent.mkdir(parents=True, exist_ok=True)
-    yield local
+    try:
+        yield local
+    except BaseException:
+        if on_error and local.exists():
+            with contextlib.suppress(Exception):
+                publish(local, loc, complete)
+        raise
     if local.exists():
         publish(local, loc, complete)
 
 
 @contextlib.contextmanager
-def output_path(dest: "str | os.PathLike[str] | StorePath") -> Iterator[Path]:
+def output_path(dest: "str | os.PathLike[str] | StorePath", fetch: bool = False) -> Iterator[Path]:
     """Yield a local path to write the file or folder ``dest`` at; for a URL, upload it when the block ends
     without error, then the files the command wrote beside it (``NAME.*``: a merge report), last.
 
     A folder is ``publish``ed (under ``.dqa-incomplete`` until whole); a file is one PUT, which a
     store shows whole or not at all. Nothing else under the URL's parent is touched. The local
-    path starts empty: the caller checks what ``dest`` holds in the store first.
+    path starts empty (``fetch``: as a copy of what the store holds at ``dest``, for a command that may
+    keep it); the caller checks what ``dest`` holds in the store first.
     """
     loc = location(dest)
     if not isinstance(loc, StorePath):
         yield loc
         return
-    stage = stage_dir(str(loc), "outputs")
+    local = staged_path(loc)
+    stage = local.parent
     if stage.exists():
         shutil.rmtree(stage)
     stage.mkdir(parents=True)
-    local = stage / loc.name
+    if fetch and loc.exists():
+        import pyarrow.fs as pafs
+
+        with store_errors(str(loc)):
+            pafs.copy_files(loc.key, str(local), source_filesystem=loc.fs, destination_filesystem=pafs.LocalFileSystem())
     yield local
     if local.is_dir():
         publish(local, loc)
@@ -211,6 +228,11 @@ def output_path(dest: "str | os.PathLike[str] | StorePath") -> Iterator[Path]:
         put_file(local, loc)
     for beside in sorted(p for p in stage.iterdir() if p != local and p.is_file() and p.name.startswith(loc.name + ".")):
         put_file(beside, loc.parent / beside.name)
+
+
+def staged_path(dest: StorePath) -> Path:
+    """Where ``output_path`` writes ``dest`` before uploading it (the same path on every run on this machine)."""
+    return stage_dir(str(dest), "outputs") / dest.name
 
 
 def publish(local: Path, dest: StorePath, complete: str | None = None) -> None:
@@ -237,6 +259,29 @@ def publish(local: Path, dest: StorePath, complete: str | None = None) -> None:
         if complete is not None and complete in mine:
             put(complete)
         dest.fs.delete_file((dest / INCOMPLETE).key)
+
+
+def repoint(obj: Any, local: Path, url: "str | StorePath") -> Any:
+    """``obj`` (a JSON value) with every string naming ``local`` or a path under it naming ``url`` instead:
+    what an output staged locally records about itself once it is published."""
+    prefix, target = str(local), str(url).rstrip("/")
+    if isinstance(obj, str):
+        return target + obj[len(prefix):] if obj == prefix or obj.startswith(prefix + "/") else obj
+    if isinstance(obj, list):
+        return [repoint(v, local, url) for v in obj]
+    if isinstance(obj, dict):
+        return {k: repoint(v, local, url) for k, v in obj.items()}
+    return obj
+
+
+def repoint_files(local: Path, url: "str | StorePath", names: tuple[str, ...]) -> None:
+    """Rewrite the JSON files ``names`` of the staged folder ``local`` with ``repoint`` (before publishing)."""
+    from dqa.atomic import write_json
+
+    for name in names:
+        f = local / name
+        if f.is_file():
+            write_json(f, repoint(json.loads(f.read_text()), local, url))
 
 
 def put_file(local: Path, dest: StorePath) -> None:

@@ -19,7 +19,6 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator, NamedTuple
 
-from dqa.errors import InputError
 
 _USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://)[^/?#\s@]*@")
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)://(?P<rest>.*)$")
@@ -161,12 +160,24 @@ class StorePath:
         return PurePosixPath(self.name).suffix
 
     @property
+    def suffixes(self) -> list[str]:
+        return PurePosixPath(self.name).suffixes
+
+    @property
     def stem(self) -> str:
         return PurePosixPath(self.name).stem
 
     @property
     def parent(self) -> "StorePath":
         return StorePath(self.fs, self.scheme, posixpath.dirname(self.key) or self.key)
+
+    @property
+    def parents(self) -> list["StorePath"]:
+        out, key = [], self.key
+        while "/" in key.strip("/"):
+            key = posixpath.dirname(key)
+            out.append(StorePath(self.fs, self.scheme, key))
+        return out
 
     def with_name(self, name: str) -> "StorePath":
         return self.parent / name
