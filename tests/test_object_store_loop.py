@@ -66,11 +66,17 @@ def read_s3_parquet(url: str, env: dict) -> pl.DataFrame:
     return pl.from_arrow(pq.read_table(url[len("s3://"):], filesystem=fs))
 
 
-def test_the_whole_loop_on_a_bucket(s3, example, env, tmp_path):
-    data, planted = example
+def uploaded(s3, data):
+    """A new bucket holding the example set; returns ``(bucket, the set's URL)``."""
     bucket = new_bucket(s3.url)
     src = f"s3://{bucket}/data/example.parquet"
     upload(s3.url, data, src)
+    return bucket, src
+
+
+def test_the_whole_loop_on_a_bucket(s3, example, env, tmp_path):
+    data, planted = example
+    bucket, src = uploaded(s3, data)
     scan_url, run_url = f"s3://{bucket}/scans/example", f"s3://{bucket}/runs/r1"
 
     scan = json.loads(dqa("scan", src, "-t", "qwen3.6", "--out", scan_url, "--json", env=env, cwd=tmp_path, ok=(1,)).stdout)
@@ -123,9 +129,7 @@ def test_the_whole_loop_on_a_bucket(s3, example, env, tmp_path):
 
 def test_repair_from_a_bucket_to_a_bucket(s3, example, env, tmp_path):
     data, planted = example
-    bucket = new_bucket(s3.url)
-    src = f"s3://{bucket}/data/example.parquet"
-    upload(s3.url, data, src)
+    bucket, src = uploaded(s3, data)
     out, work = f"s3://{bucket}/release/example.parquet", f"s3://{bucket}/work/example"
     with StubServer(tmp_path / "stub", "--latency-s", "0.002", "--vocab", "qwen3.6") as stub:
         res = dqa("repair", src, "-e", stub.url, "-t", "qwen3.6", "--out", out, "--work", work, "--json", env=env, cwd=tmp_path)
@@ -141,9 +145,7 @@ def test_repair_from_a_bucket_to_a_bucket(s3, example, env, tmp_path):
 
 def test_a_store_dying_mid_upload_leaves_an_output_every_reader_refuses(s3, example, env, tmp_path):
     data, _ = example
-    bucket = new_bucket(s3.url)
-    src = f"s3://{bucket}/data/example.parquet"
-    upload(s3.url, data, src)
+    bucket, src = uploaded(s3, data)
     out = f"s3://{bucket}/scans/example"
     proxy = FaultProxy(s3.url)
     via = {**env, "AWS_ENDPOINT_URL": proxy.url, "AWS_MAX_ATTEMPTS": "2"}
