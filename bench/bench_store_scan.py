@@ -11,6 +11,9 @@ environment, in ``--rounds`` interleaved rounds:
 - dqa: ``run_scan("s3://...")`` with every check, writing the full scan folder, one process.
 - dqa-workers: the same with ``--workers`` = the CPUs this process may run on; each worker
   opens its own units from the store.
+- floor-fsspec (when s3fs is installed, the ``bench`` extra): the floor through fsspec's s3fs
+  wrapped as a pyarrow filesystem, the road the other schemes take: why ``s3://`` goes through
+  pyarrow's own S3 filesystem.
 
 Then one more pass of the floor and of dqa through a counting proxy (``FaultProxy``): the bytes
 each fetched, against the compressed size of the two column chunks the checks need (from the
@@ -42,12 +45,18 @@ from s3_store import FaultProxy, S3Server, new_bucket, store_env, upload  # noqa
 COLUMNS = ["input_ids", "loss_mask"]
 
 
-def run_floor(url: str) -> dict:
+def run_floor(url: str, through_fsspec: bool = False) -> dict:
     import numpy as np
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
 
-    fs, key = pafs.FileSystem.from_uri(url)
+    if through_fsspec:  # the road dqa takes for schemes pyarrow has no filesystem of its own for
+        import s3fs
+
+        fs = pafs.PyFileSystem(pafs.FSSpecHandler(s3fs.S3FileSystem(endpoint_url=os.environ["AWS_ENDPOINT_URL"])))
+        key = url[len("s3://"):]
+    else:
+        fs, key = pafs.FileSystem.from_uri(url)
     tokens = supervised = 0
     for rb in pq.ParquetFile(fs.open_input_file(key)).iter_batches(batch_size=2048, columns=COLUMNS):
         tokens += len(rb.column(0).values)
@@ -67,7 +76,7 @@ def run_dqa(url: str, workers: int) -> dict:
 
 def _child(kind: str, url: str, workers: int) -> None:
     t0 = time.perf_counter()
-    out = run_floor(url) if kind == "floor" else run_dqa(url, workers)
+    out = run_floor(url, kind == "floor-fsspec") if kind.startswith("floor") else run_dqa(url, workers)
     out["wall_s"] = time.perf_counter() - t0
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     out["rss_mib"] = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, kids) / 1024
@@ -95,7 +104,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=float, default=200e6)
     ap.add_argument("--data", type=Path, default=None, help="the set's cache file (default bench/data/scan.parquet)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--child", choices=["floor", "dqa"])
+    ap.add_argument("--child", choices=["floor", "floor-fsspec", "dqa"])
     ap.add_argument("--url")
     ap.add_argument("--workers", type=int, default=1)
     a = ap.parse_args()
@@ -116,13 +125,18 @@ def main() -> None:
         upload(server.url, data, url)
         print(f"set: {data} ({data.stat().st_size / 2**20:,.0f} MiB), uploaded in {time.perf_counter() - t0:.1f} s to {server.url}")
         workers = default_workers()
+        import importlib.util
+
+        fsspec_s3 = importlib.util.find_spec("s3fs") is not None
         rounds = []
         for r in range(a.rounds):
             row = {"floor": measure("floor", url, env), "dqa": measure("dqa", url, env),
                    "dqa-workers": measure("dqa", url, env, workers)}
+            if fsspec_s3:
+                row["floor-fsspec"] = measure("floor-fsspec", url, env)
             rounds.append(row)
             print(f"round {r + 1}: " + ", ".join(f"{k} {v['wall_s']:.2f} s ({v['rss_mib']:,.0f} MiB)" for k, v in row.items()))
-        for k in ("dqa", "dqa-workers"):
+        for k in ("dqa", "dqa-workers", *(["floor-fsspec"] if fsspec_s3 else [])):
             ratios = [x[k]["wall_s"] / x["floor"]["wall_s"] for x in rounds]
             print(f"{k} vs the floor: median {statistics.median(ratios):.2f}x (range {min(ratios):.2f}-{max(ratios):.2f}x)")
         tokens = rounds[0]["floor"]["tokens"]

@@ -99,6 +99,9 @@ def upload(endpoint: str, local: Path, url: str) -> None:
     for f in files:
         key = prefix if local.is_file() else f"{prefix.rstrip('/')}/{f.relative_to(local).as_posix()}"
         client.upload_file(str(f), bucket, key)
+        # moto works out an object's ETag on first use, reading its buffer without the lock its GETs take: two
+        # first requests at once can read torn bytes. One HEAD here does it before any reader comes.
+        client.head_object(Bucket=bucket, Key=key)
 
 
 def keys(endpoint: str, url: str) -> list[str]:
