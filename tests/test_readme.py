@@ -1,13 +1,22 @@
-"""Every shell command and Python example in README.md runs as written from the repository root.
+"""Every shell command and Python example in README.md and the docs/ pages runs as written from the repository root.
 
-Each ```bash and ```python block of the README is preceded by a marker, invisible on GitHub:
+Each ```bash and ```python block of those files is preceded by a marker, invisible on GitHub and
+in the docs site:
 
     <!-- readme-test: run -->            the test runs the block
     <!-- readme-test: skip: REASON -->   it needs what CI has not (GPUs, model folders, your own data)
 
-A block without a marker fails the test, so a new example cannot slip in untried. The run
-blocks execute in README order, in one copy of the repository's files (what a fresh clone
-has), with this environment's `dqa` and `python` on PATH, after the quick start's data build.
+A block without a marker fails the test, so a new example cannot slip in untried.
+
+Order and state: one copy of the repository's files (what a fresh clone has), with this
+environment's `dqa` and `python` on PATH, after the quick start's data build. The README runs
+first, then each docs page in the order of `mkdocs.yml`'s nav (PAGES: index, scan, plan, fleet,
+regen, merge, validate, gate, report, repair, formats, reliability, design, sglang), all in that
+same copy. Within a file the run blocks execute in file order. The pages are not self-contained:
+they use what the README's blocks made (`examples/data/`, the scan `dqa-out/example/`, the
+loop's `regen-out/`, `release/example-v2.parquet` and its scan `dqa-out/example-v2/`), and say
+so where they do; a page must not depend on a page after it in the nav.
+
 Each command must exit 0, or the code its trailing comment names (`# exit 1 ...`); a command
 ending in `&` runs in the background of its block. A ```python block is one command: its whole
 text, run by `python -` (it must exit 0: an assert that fails, fails it).
@@ -26,6 +35,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+NAV_PAGE = re.compile(r"^\s*-\s*(?:[^:\n]+:\s*)?(\S+\.md)\s*$", re.M)
+
+
+def docs_pages() -> list[str]:
+    """The docs pages in the order of mkdocs.yml's nav, as paths relative to the repository root."""
+    return [f"docs/{name}" for name in NAV_PAGE.findall((REPO / "mkdocs.yml").read_text())]
+
+
+def pages() -> list[str]:
+    """The files whose commands run, in run order: the README, then the docs pages in nav order."""
+    return ["README.md", *docs_pages()]
 MARKER = re.compile(r"<!--\s*readme-test:\s*(run|skip:\s*(?P<why>.+?))\s*-->")
 EXPECTED_EXIT = re.compile(r"#\s*exit (\d)\b")
 
@@ -39,8 +59,11 @@ class Block:
     lang: str = "bash"  # "bash" or "python"
 
 
-def readme_blocks(text: str) -> list[Block]:
-    """The README's ```bash and ```python blocks with their markers; raises AssertionError for an unmarked block."""
+def readme_blocks(text: str, name: str = "README.md") -> list[Block]:
+    """The ```bash and ```python blocks of one file (NAME, for messages) with their markers.
+
+    Raises AssertionError for an unmarked block.
+    """
     lines = text.splitlines()
     blocks, i = [], 0
     while i < len(lines):
@@ -50,7 +73,7 @@ def readme_blocks(text: str) -> list[Block]:
         lang = lines[i].strip()[3:]
         prev = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
         m = MARKER.search(prev)
-        assert m, f"README.md:{i + 1}: a ```{lang} block without a <!-- readme-test: run|skip: why --> marker"
+        assert m, f"{name}:{i + 1}: a ```{lang} block without a <!-- readme-test: run|skip: why --> marker"
         start, i = i + 1, i + 1
         commands: list[tuple[int, str]] = []
         if lang == "python":
@@ -77,13 +100,13 @@ def readme_blocks(text: str) -> list[Block]:
     return blocks
 
 
-def block_script(block: Block) -> str:
-    """A bash script running each command and stopping at the first unexpected exit code."""
+def block_script(block: Block, name: str = "README.md") -> str:
+    """A bash script running each command and stopping at the first unexpected exit code (NAME: the file, for messages)."""
     out = ["set -u"]
     if block.lang == "python":
         (line, body), = block.commands
         return "\n".join([*out, f"python - <<'README_PY'\n{body}\nREADME_PY",
-                          f"rc=$?\nif [ $rc != 0 ]; then echo 'README.md:{line}: python exit '$rc', expected 0' >&2; exit 99; fi"])
+                          f"rc=$?\nif [ $rc != 0 ]; then echo '{name}:{line}: python exit '$rc', expected 0' >&2; exit 99; fi"])
     for line, cmd in block.commands:
         code = EXPECTED_EXIT.search(cmd.splitlines()[-1])
         body = re.sub(r"\s+#[^\n]*$", "", cmd)
@@ -91,7 +114,7 @@ def block_script(block: Block) -> str:
             out.append(body)
             continue
         want = int(code.group(1)) if code else 0
-        out.append(f"{body}\nrc=$?\nif [ $rc != {want} ]; then echo 'README.md:{line}: exit '$rc', expected {want}' >&2; "
+        out.append(f"{body}\nrc=$?\nif [ $rc != {want} ]; then echo '{name}:{line}: exit '$rc', expected {want}' >&2; "
                    f"kill $(jobs -p) 2>/dev/null; exit 99; fi")
     out.append("kill $(jobs -p) 2>/dev/null; wait; exit 0")
     return "\n".join(out)
@@ -100,12 +123,31 @@ def block_script(block: Block) -> str:
 def test_every_bash_block_is_marked_and_skips_say_why():
     blocks = readme_blocks((REPO / "README.md").read_text())
     assert blocks, "no ```bash block found in README.md"
-    for b in blocks:
-        assert b.commands, f"README.md:{b.line}: an empty block"
-        if b.action == "skip":
-            assert len(b.why) > 10, f"README.md:{b.line}: a skip needs a reason"
-    assert sum(b.action == "run" for b in blocks) >= 5
+    # the quick start's scan, the whole loop, the From Python example
+    assert sum(b.action == "run" for b in blocks) >= 3
     assert any(b.lang == "python" and b.action == "run" for b in blocks), "the From Python example is not run"
+    runs = 0
+    for name in pages():
+        for b in readme_blocks((REPO / name).read_text(), name):
+            runs += b.action == "run"
+            assert b.commands, f"{name}:{b.line}: an empty block"
+            if b.action == "skip":
+                assert len(b.why) > 10, f"{name}:{b.line}: a skip needs a reason"
+    assert runs >= 10, f"only {runs} run blocks in {pages()}"
+
+
+def test_every_docs_page_is_in_the_nav_and_runs():
+    """mkdocs.yml's nav lists every page of docs/ once (its order is the run order), and each command page runs something."""
+    nav = docs_pages()
+    assert len(nav) == len(set(nav)), f"a page listed twice in mkdocs.yml's nav: {nav}"
+    on_disk = sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.md"))
+    assert sorted(nav) == on_disk, f"mkdocs.yml's nav {sorted(nav)} != the pages of docs/ {on_disk}"
+    for command in ("scan", "plan", "fleet", "regen", "merge", "validate", "gate", "report", "repair"):
+        name = f"docs/{command}.md"
+        assert name in nav, f"no page for dqa {command}"
+    for command in ("plan", "fleet", "validate", "gate", "report", "repair"):
+        name = f"docs/{command}.md"
+        assert any(b.action == "run" for b in readme_blocks((REPO / name).read_text(), name)), f"{name}: nothing runs"
 
 
 def repo_copy(dest: Path) -> Path:
@@ -121,7 +163,7 @@ def repo_copy(dest: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_the_readme_commands_run_as_written(tmp_path):
+def test_the_readme_and_docs_commands_run_as_written(tmp_path):
     root = repo_copy(tmp_path / "clone")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "COLUMNS": "120"}
     env.pop("DQA_FLEET", None)
@@ -130,15 +172,17 @@ def test_the_readme_commands_run_as_written(tmp_path):
     subprocess.run([sys.executable, "examples/build_example.py", "examples/data", "--rows", "3000", "--seed", "0"],
                    cwd=root, env=env, check=True, capture_output=True, timeout=600)
     ran = []
-    for block in readme_blocks((REPO / "README.md").read_text()):
-        if block.action != "run":
-            continue
-        proc = subprocess.run(["bash", "-c", block_script(block)], cwd=root, env=env, capture_output=True, text=True,
-                              timeout=600)
-        assert proc.returncode == 0, (f"README.md:{block.line}: block failed\n--- stdout\n{proc.stdout[-3000:]}"
-                                      f"\n--- stderr\n{proc.stderr[-3000:]}")
-        ran.append(block.line)
+    for name in pages():
+        for block in readme_blocks((REPO / name).read_text(), name):
+            if block.action != "run":
+                continue
+            proc = subprocess.run(["bash", "-c", block_script(block, name)], cwd=root, env=env, capture_output=True,
+                                  text=True, timeout=600)
+            assert proc.returncode == 0, (f"{name}:{block.line}: block failed\n--- stdout\n{proc.stdout[-3000:]}"
+                                          f"\n--- stderr\n{proc.stderr[-3000:]}")
+            ran.append((name, block.line))
     assert ran
+    assert {name for name, _ in ran} >= {"README.md", "docs/plan.md", "docs/gate.md", "docs/repair.md"}
     # The loop's outputs are where the README says they are.
     assert (root / "report.html").is_file()
     assert (root / "dqa-out" / "example" / "findings.parquet").is_file()
