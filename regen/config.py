@@ -298,7 +298,9 @@ _FLAT = _flat_names()
 class RegenConfig:
     """Every option of ``dqa regen`` (defaults: the CLI's), in checked groups; plus presentation:
     ``live`` (None: a live display when stderr is a terminal), ``log`` (one-line events; None:
-    printed to stderr) and ``install_signal_handlers`` (the CLI: drain on the first SIGINT/SIGTERM).
+    printed to stderr), ``install_signal_handlers`` (the CLI: drain on the first SIGINT/SIGTERM) and
+    ``on_progress`` (called with each progress snapshot as progress.json is rewritten, from a worker
+    thread; ``--report-to``'s live figures).
 
     Build it from the groups (``RegenConfig(data=DatasetSpec(...), output=OutputSpec(...),
     dispatch=DispatchSpec(...), selection=..., sampling=...)``) or, for compatibility, from flat
@@ -313,10 +315,12 @@ class RegenConfig:
     live: bool | None
     log: Callable[[str], None] | None
     install_signal_handlers: bool
+    on_progress: Callable[[dict[str, Any]], None] | None
 
     def __init__(self, data: DatasetSpec | None = None, selection: Selection | None = None, sampling: SamplingSpec | None = None,
                  dispatch: DispatchSpec | None = None, output: OutputSpec | None = None, *, live: bool | None = None,
-                 log: Callable[[str], None] | None = None, install_signal_handlers: bool = True, **options: Any) -> None:
+                 log: Callable[[str], None] | None = None, install_signal_handlers: bool = True,
+                 on_progress: Callable[[dict[str, Any]], None] | None = None, **options: Any) -> None:
         groups: dict[str, Any] = {"data": data, "selection": selection, "sampling": sampling, "dispatch": dispatch, "output": output}
         if options:
             unknown = sorted(set(options) - set(_FLAT))
@@ -338,6 +342,7 @@ class RegenConfig:
         object.__setattr__(self, "live", live)
         object.__setattr__(self, "log", log)
         object.__setattr__(self, "install_signal_handlers", install_signal_handlers)
+        object.__setattr__(self, "on_progress", on_progress)
 
 
 def _groups_from_flat(options: dict[str, Any]) -> dict[str, Any]:

@@ -61,11 +61,13 @@ from dqa.regen.wire.urls import strip_userinfo
 @dataclass(frozen=True)
 class View:
     """How the run shows itself: ``log`` (one-line events, URL credentials removed), ``live`` (the
-    live display) and ``signals`` (drain on the first SIGINT/SIGTERM: the CLI, on the main thread)."""
+    live display), ``signals`` (drain on the first SIGINT/SIGTERM: the CLI, on the main thread) and
+    ``on_progress`` (called with each progress.json snapshot as it is written; ``--report-to``)."""
 
     log: Callable[[str], None]
     live: bool
     signals: bool
+    on_progress: Callable[[dict[str, Any]], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,7 @@ def view(c: RegenConfig) -> View:
     log = c.log or _default_log
     live = c.live if c.live is not None else (sys.stderr.isatty() and os.environ.get("TERM") != "dumb")
     signals = c.install_signal_handlers and threading.current_thread() is threading.main_thread()
-    return View(lambda msg: log(strip_userinfo(msg)), live, signals)
+    return View(lambda msg: log(strip_userinfo(msg)), live, signals, c.on_progress)
 
 
 def _default_log(msg: str) -> None:
@@ -625,6 +627,8 @@ async def _drive(dispatcher: Dispatcher, progress: Progress, out: Path, interval
             if now - last_write >= interval:
                 last_write = now
                 await asyncio.to_thread(atomic.write_json, out / "progress.json", snap)
+                if show.on_progress is not None:
+                    await asyncio.to_thread(show.on_progress, snap)
 
     reporter = loop.create_task(report())
     try:

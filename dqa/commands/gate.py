@@ -10,6 +10,7 @@ import typer
 
 from dqa.commands.common import console, handles_errors, help_text, storage_option_param
 from dqa.errors import EXIT_OK, EXIT_QUALITY
+from dqa.reports.trackers import REPORT_TO_HELP
 
 
 def gate(
@@ -32,6 +33,7 @@ def gate(
     as_json: bool = typer.Option(False, "--json", help="Print gate.json on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing; exit code only."),
     storage_option: List[str] = storage_option_param(),
+    report_to: List[str] = typer.Option([], "--report-to", metavar="NAME", help=REPORT_TO_HELP),
 ) -> None:
     """Gate a dataset release in CI: expectation suite + drift against the previous release.
 
@@ -46,18 +48,21 @@ def gate(
     Exit codes: 0 pass, 1 fail, 2 usage or input error, 3 runtime failure.
     """
     raise typer.Exit(_run(release, baseline, suite, out, fail_on, max_row_drop, max_row_growth, max_failing_share_increase,
-                          max_ks, ks_alpha, max_ids, no_docs, tokenizer, thinking, as_json, quiet, storage_option))
+                          max_ks, ks_alpha, max_ids, no_docs, tokenizer, thinking, as_json, quiet, storage_option, report_to))
 
 
 @handles_errors
 def _run(release, baseline, suite, out, fail_on, max_row_drop, max_row_growth, max_failing_share_increase, max_ks, ks_alpha,
-         max_ids, no_docs, tokenizer, thinking, as_json, quiet, storage_option=()) -> int:
+         max_ids, no_docs, tokenizer, thinking, as_json, quiet, storage_option=(), report_to=()) -> int:
     from dqa import api, storage
 
     storage.configure(storage_option)
     from dqa.commands.validate import scan_progress
     from dqa.errors import UsageError
+    from dqa.reports import trackers
     from dqa.reports.markdown_validation import append_step_summary
+
+    report_to = trackers.require(report_to)
 
     if release is None:
         raise UsageError("missing RELEASE (a dataset or a scan folder; see dqa gate --help)")
@@ -66,6 +71,10 @@ def _run(release, baseline, suite, out, fail_on, max_row_drop, max_row_growth, m
                       max_row_drop=max_row_drop, max_row_growth=max_row_growth,
                       max_failing_share_increase=max_failing_share_increase, max_ks=max_ks, ks_alpha=ks_alpha)
     append_step_summary((result.out_dir / "gate.md").read_text(encoding="utf-8"))
+    if report_to:
+        from dqa.reports.trackers.feed import report_gate
+
+        trackers.report(report_to, "gate", release, result.out_dir, report_gate, result.report, quiet=quiet or as_json)
     if as_json:
         sys.stdout.write(json.dumps(result.report, indent=2, default=str) + "\n")
     elif not quiet:

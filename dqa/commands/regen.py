@@ -8,6 +8,7 @@ import typer
 
 from dqa.commands.common import handles_errors, storage_option_param
 from dqa.regen.config import DatasetSpec, DispatchSpec, OutputSpec, Retries, SamplingSpec, Selection, Timeouts
+from dqa.reports.trackers import REPORT_TO_HELP
 
 HELP = """Regenerate the samples `dqa scan` flagged, with thinking on, on a fleet of SGLang (or OpenAI-compatible) servers.
 
@@ -65,6 +66,7 @@ def regen(
     json_out: bool = typer.Option(False, "--json", help="Print the final progress object as JSON on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live display, no log lines, no summary; exit code (and --json) only."),
     storage_option: List[str] = storage_option_param(),
+    report_to: List[str] = typer.Option([], "--report-to", metavar="NAME", help=REPORT_TO_HELP),
 ) -> None:
     import json
 
@@ -73,6 +75,10 @@ def regen(
     storage.configure(storage_option)
     from dqa.errors import RegenStopped
     from dqa.regen.config import RegenConfig
+    from dqa.reports import trackers as tracking
+    from dqa.reports.trackers.feed import report_regen, report_regen_live
+
+    report_to = tracking.require(report_to)
 
     # Each group checks its own options (UsageError, exit 2) before anything is read.
     output = OutputSpec(out, mirror=tuple(mirror), shard_rows=shard_rows)
@@ -94,11 +100,25 @@ def regen(
         live=False if quiet else None,
         log=(lambda msg: None) if quiet else None,
     )
+    # Live figures with each progress.json rewrite; the final ones once the run stops (also when interrupted).
+    trackers = tracking.open_trackers(report_to, tracking.RunName.of("regen", dataset, out), quiet=quiet or json_out)
+    if trackers:
+        import dataclasses
+
+        cfg = dataclasses.replace(cfg, on_progress=lambda snap: report_regen_live(trackers, snap))
     stopped = None
     try:
         result = api.regenerate(config=cfg)
     except RegenStopped as exc:  # the run's progress is still printed (--json), then its one-line error
         stopped, result = exc, exc.result
+    except BaseException:
+        trackers.close()
+        raise
+    try:
+        if trackers and result is not None:
+            report_regen(trackers, result.progress)
+    finally:
+        trackers.close()
     # The run's files are final: a late Ctrl-C/SIGTERM must not turn this exit into a signal death.
     import signal
 

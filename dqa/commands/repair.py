@@ -10,6 +10,7 @@ import typer
 from dqa.commands.common import handles_errors, help_text, storage_option_param
 from dqa.regen.config import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROTOCOL, DEFAULT_TURNS
 from dqa.repair import DEFAULT_ROUNDS
+from dqa.reports.trackers import REPORT_TO_HELP
 
 
 def repair(
@@ -33,6 +34,7 @@ def repair(
     as_json: bool = typer.Option(False, "--json", help="Print repair.json's final record on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines; exit code (and --json) only."),
     storage_option: List[str] = storage_option_param(),
+    report_to: List[str] = typer.Option([], "--report-to", metavar="NAME", help=REPORT_TO_HELP),
 ) -> None:
     """Repair DATASET into a release that passes the gate: scan, regenerate the failing samples,
     merge, rescan, and again for what still fails, then gate.
@@ -58,12 +60,12 @@ def repair(
     or input error, 3 runtime failure (a regen run stopped: rerun to resume).
     """
     raise typer.Exit(_run(dataset, out, endpoint, fleet, tokenizer, rounds, budget_usd, gpu_hour_cost, gpus, plan, work, failed,
-                          max_new_tokens, max_in_flight, protocol, turns, force, as_json, quiet, storage_option))
+                          max_new_tokens, max_in_flight, protocol, turns, force, as_json, quiet, storage_option, report_to))
 
 
 @handles_errors
 def _run(dataset, out, endpoint, fleet, tokenizer, rounds, budget_usd, gpu_hour_cost, gpus, plan, work, failed, max_new_tokens,
-         max_in_flight, protocol, turns, force, as_json, quiet, storage_option=()) -> int:
+         max_in_flight, protocol, turns, force, as_json, quiet, storage_option=(), report_to=()) -> int:
     import json
     import sys
 
@@ -71,6 +73,9 @@ def _run(dataset, out, endpoint, fleet, tokenizer, rounds, budget_usd, gpu_hour_
 
     storage.configure(storage_option)
     from dqa.repair import RepairOptions, repair as run_repair
+    from dqa.reports import trackers
+
+    report_to = trackers.require(report_to)
 
     # One fleet file is recorded as its path, as before several could be given (a work folder
     # started then still resumes); several as the list of paths.
@@ -83,6 +88,11 @@ def _run(dataset, out, endpoint, fleet, tokenizer, rounds, budget_usd, gpu_hour_
                          plan=str(plan) if plan is not None else None)
     log = None if quiet else (lambda msg: print(f"dqa repair: {msg}", file=sys.stderr, flush=True))
     result = run_repair(dataset, out, opts, work=work, log=log, force=force)
+    if report_to:
+        from dqa.reports.trackers.feed import report_repair
+
+        trackers.report(report_to, "repair", dataset, result.work, report_repair, json.loads((result.work / "repair.json").read_text()),
+                        quiet=quiet or as_json)
     if as_json:
         record = json.loads((result.work / "repair.json").read_text())
         print(json.dumps(record, indent=2))

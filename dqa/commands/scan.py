@@ -13,6 +13,7 @@ import typer
 from dqa.audit.scan_options import DEFAULT_BATCH_ROWS
 from dqa.commands.common import console, handles_errors, help_text, stderr_is_tty, storage_option_param
 from dqa.errors import EXIT_OK, EXIT_QUALITY
+from dqa.reports.trackers import REPORT_TO_HELP
 
 
 def _list_checks() -> None:
@@ -62,6 +63,7 @@ def scan(
     last_turn_only: bool = typer.Option(False, "--last-turn-only", help="Conversation JSONL: train only the last assistant turn (SpecForge's train_only_last_turn; default: every assistant turn)."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout instead of the table."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table, no progress; exit code only."),
+    report_to: List[str] = typer.Option([], "--report-to", metavar="NAME", help=REPORT_TO_HELP),
     list_checks: bool = typer.Option(False, "--list-checks", help="List the checks (priority, whether they judge turns, defaults) and exit."),
     storage_option: List[str] = storage_option_param(),
 ) -> None:
@@ -79,13 +81,13 @@ def scan(
         _list_checks()
         raise typer.Exit(EXIT_OK)
     code = _run(dataset, tokenizer, out, ids_column, mask_column, labels_column, id_column, thinking, checks, skip,
-                config, set_, max_fail_share, batch_rows, as_json, quiet, last_turn_only, workers, storage_option)
+                config, set_, max_fail_share, batch_rows, as_json, quiet, last_turn_only, workers, storage_option, report_to)
     raise typer.Exit(code)
 
 
 @handles_errors
 def _run(dataset, tokenizer, out, ids_column, mask_column, labels_column, id_column, thinking, checks, skip, config,
-         set_, max_fail_share, batch_rows, as_json, quiet, last_turn_only=False, workers=0, storage_option=()) -> int:
+         set_, max_fail_share, batch_rows, as_json, quiet, last_turn_only=False, workers=0, storage_option=(), report_to=()) -> int:
     from dqa import api, storage
     from dqa.errors import UsageError
 
@@ -96,6 +98,9 @@ def _run(dataset, tokenizer, out, ids_column, mask_column, labels_column, id_col
         raise UsageError(f"--max-fail-share {max_fail_share}: expected a share between 0 and 1")
     if workers < 0:
         raise UsageError(f"--workers {workers}: expected 0 (the CPUs this process may run on) or a count of processes")
+    from dqa.reports import trackers
+
+    report_to = trackers.require(report_to)  # before the scan: a missing library is exit 2 at once
     if workers == 0:
         from dqa.audit.scan_workers import default_workers
 
@@ -107,6 +112,11 @@ def _run(dataset, tokenizer, out, ids_column, mask_column, labels_column, id_col
                           labels_column=labels_column, id_column=id_column, thinking=thinking, batch_rows=batch_rows,
                           last_turn_only=last_turn_only, workers=workers)
     summary = result.summary
+    if report_to:
+        from dqa.reports.trackers.feed import report_scan
+
+        trackers.report(report_to, "scan", summary.get("dataset_path") or dataset, result.out_dir, report_scan, summary,
+                        result.out_dir, quiet=quiet)
     if result.dropped and not quiet:
         _note_dropped(result.out_dir, result.dropped)
     if as_json:
