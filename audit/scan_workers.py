@@ -29,6 +29,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -375,6 +376,24 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _scan_unit(task) -> tuple[int, int, int, bool]:
+    """Scan one unit into its parts; a unit whose store read failed (``dqa.storage.faults.is_transient``) is
+    scanned again from its start, up to ``UNIT_ATTEMPTS`` times, with a growing pause (its parts are rewritten)."""
+    from dqa.storage.faults import is_transient
+
+    for attempt in range(1, UNIT_ATTEMPTS + 1):
+        try:
+            return _scan_unit_once(task)
+        except Exception as exc:
+            if attempt == UNIT_ATTEMPTS or not is_transient(exc):
+                raise
+            time.sleep(0.5 * 2 ** (attempt - 1))
+    raise AssertionError("unreachable")
+
+
+UNIT_ATTEMPTS = 3
+
+
+def _scan_unit_once(task) -> tuple[int, int, int, bool]:
     k, unit, batch_rows, (part, turns_part), dataset, threads = task
     ds: Dataset = _WORKER["ds"]
     # With a worker per core, one thread each: a reader thread or Arrow's decoding threads would only contend

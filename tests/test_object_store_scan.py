@@ -231,3 +231,41 @@ def test_a_missing_backend_names_the_extra(tmp_path):
     assert proc.returncode == 2 and "pip install 'dqa[hf]'" in proc.stderr, proc.stderr
     res = dqa("scan", "nosuchscheme://bucket/x", "-t", "qwen3", ok=(2,))
     assert "nosuchscheme://" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_a_scan_unit_whose_store_read_failed_is_scanned_again(monkeypatch):
+    """The SDK gives up at once on an error reply that a small ranged read cannot hold (503 SlowDown's XML:
+    INTERNAL_FAILURE "Failed to flush response stream"); the pool scans that unit again, and gives up on
+    anything else, or after UNIT_ATTEMPTS."""
+    from dqa.audit import scan_workers
+    from dqa.errors import InputError
+    from dqa.storage.faults import store_error
+
+    flush = OSError("When reading information for key 'k' in bucket 'b': AWS Error INTERNAL_FAILURE during GetObject "
+                    "operation: Failed to flush response stream")
+    calls = []
+
+    def flaky(task):
+        calls.append(task)
+        if len(calls) < scan_workers.UNIT_ATTEMPTS:
+            raise store_error(flush, "s3://b/k")
+        return (task, 1, 2, False)
+
+    monkeypatch.setattr(scan_workers, "_scan_unit_once", flaky)
+    monkeypatch.setattr(scan_workers.time, "sleep", lambda s: None)
+    assert scan_workers._scan_unit("unit") == ("unit", 1, 2, False) and len(calls) == scan_workers.UNIT_ATTEMPTS
+    calls.clear()
+    monkeypatch.setattr(scan_workers, "_scan_unit_once", lambda task: (calls.append(task), (_ for _ in ()).throw(store_error(flush, "s3://b/k")))[1])
+    with pytest.raises(Exception, match="Failed to flush"):
+        scan_workers._scan_unit("unit")
+    assert len(calls) == scan_workers.UNIT_ATTEMPTS
+    calls.clear()
+
+    def bad_input(task):
+        calls.append(task)
+        raise InputError("s3://b/k: unreadable parquet file")
+
+    monkeypatch.setattr(scan_workers, "_scan_unit_once", bad_input)
+    with pytest.raises(InputError):
+        scan_workers._scan_unit("unit")
+    assert len(calls) == 1

@@ -57,7 +57,17 @@ def store_error(exc: OSError, url: str) -> DqaError:
         return InputError(_clean(f"{url}: {INPUT_ERRORS[code]} ({code} during {op}); {fix}"))
     detail = m["detail"].strip().rstrip(";")
     status = f", HTTP {m['status']}" if m["status"] else ""
-    return RuntimeFailure(_clean(f"{url}: the store failed after its retries ({code} during {op}{status}: {detail[:120]}); rerun to retry"))
+    failure = RuntimeFailure(_clean(f"{url}: the store failed after its retries ({code} during {op}{status}: {detail[:120]}); rerun to retry"))
+    # The SDK gives up at once on an error reply too long for a small ranged read's buffer ("Failed to flush
+    # response stream", INTERNAL_FAILURE: a 503 SlowDown's XML does not fit), and after its retries on the rest:
+    # a caller that can redo its piece of work (a scan unit) may try again.
+    failure.transient = True  # type: ignore[attr-defined]
+    return failure
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is a store failure (``store_error``'s ``RuntimeFailure``) that redoing the work may get past."""
+    return bool(getattr(exc, "transient", False))
 
 
 def is_store_error(exc: BaseException) -> bool:
