@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from dqa.regen.wire.outcome import FAIL, LENGTH, OK, RETRY, Outcome, count_or_none, error_in_body, short
+from dqa.regen.servers.replies import error_in_body
+from dqa.regen.wire.outcome import FAIL, LENGTH, OK, RETRY, Outcome, count_or_none, short
 from dqa.regen.config import SamplingSpec
 from dqa.regen.jobs.job import Job
 

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from dqa.errors import UsageError
-from dqa.regen.wire.outcome import ENDPOINT_FAULT_STATUS, FAIL, LENGTH, OK, RETRY, RETRY_STATUS, Outcome, count_or_none, error_in_body, short
+from dqa.regen.servers.replies import ENDPOINT_FAULT_STATUS, RETRY_STATUS, error_in_body
+from dqa.regen.wire.outcome import FAIL, LENGTH, OK, RETRY, Outcome, count_or_none, short
 from dqa.regen.config import DEFAULT_MAMBA_EXTRA_BUFFER, SamplingSpec
 from dqa.regen.jobs.job import Job
 from dqa.regen.wire.http_probe import http_get

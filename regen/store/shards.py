@@ -1,6 +1,7 @@
 """The shard store of a ``dqa regen`` output folder (FORMATS.md, "Shard columns"): ``shard_schema``
 (the shard columns), ``ShardStatus`` (the ``status`` values), ``SHARD_WRITE_OPTIONS`` (how shards
-are written) and ``shard_path``/``list_shards`` (where shards live: ``shards/part-<tag>-<seq>.parquet``).
+are written), ``shard_path``/``list_shards`` (where shards live: ``shards/part-<tag>-<seq>.parquet``)
+and ``completion_times`` (when earlier sessions' records completed, for a resumed run's working time).
 """
 
 from __future__ import annotations
@@ -83,3 +84,24 @@ def list_shards(out: Path) -> list[Path]:
     """The completed shards of folder ``out`` (named as ``shard_path`` names them), sorted."""
     d = out / SHARDS_DIR
     return sorted(p for p in d.glob("part-*.parquet") if SHARD_RE.match(p.name)) if d.is_dir() else []
+
+
+def completion_times(out: Path):
+    """``(completed_at, latency_s)`` of every record in the shards of the run folder ``out``, as
+    float numpy arrays (seconds since the epoch, seconds): what a rerun estimates earlier sessions'
+    working time from when their progress.json is gone. A shard that cannot be read, or lacks
+    either column, is skipped; empty arrays when none can be read. Never raises for a bad shard."""
+    import contextlib
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    done_at, latency = [], []
+    for p in list_shards(out):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            t = pq.read_table(p, columns=["completed_at", "latency_s"])
+            done_at.append(t.column("completed_at").cast("int64").to_numpy(zero_copy_only=False) / 1e6)
+            latency.append(t.column("latency_s").to_numpy(zero_copy_only=False))
+    if not done_at:
+        return np.zeros(0), np.zeros(0)
+    return np.concatenate(done_at), np.concatenate(latency)
