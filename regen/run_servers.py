@@ -22,7 +22,7 @@ def resolve_servers(d: DispatchSpec) -> Servers:
     from dqa.regen.fleet.file import read_fleets
 
     fleets = read_fleets(d.fleet) if d.fleet else None
-    urls = fleets.send_urls if fleets else list(d.endpoints)  # a fleet with a router: the router
+    urls = fleets.send_urls if fleets else list(d.endpoints)  # the URLs the fleet files say to send to
     for u in urls:
         if not u.startswith(("http://", "https://")):
             raise UsageError(f"endpoint {u!r}: expected an http:// or https:// URL")

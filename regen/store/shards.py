@@ -1,7 +1,8 @@
 """The shard store of a ``dqa regen`` output folder (FORMATS.md, "Shard columns"): ``shard_schema``
 (the shard columns), ``ShardStatus`` (the ``status`` values), ``SHARD_WRITE_OPTIONS`` (how shards
 are written), ``shard_path``/``list_shards`` (where shards live: ``shards/part-<tag>-<seq>.parquet``)
-and ``completion_times`` (when earlier sessions' records completed, for a resumed run's working time).
+``completion_times`` (when earlier sessions' records completed, for a resumed run's working time)
+and ``shard_rows`` (the figures of every shard row, for the HTML report).
 """
 
 from __future__ import annotations
@@ -105,3 +106,35 @@ def completion_times(out: Path):
     if not done_at:
         return np.zeros(0), np.zeros(0)
     return np.concatenate(done_at), np.concatenate(latency)
+
+
+def shard_rows(regen_dir: Path):
+    """``row``, ``completed_at``, ``output_tokens``, ``status``, ``latency_s`` and ``ends_sample`` of
+    every completed shard row of a regen run. A shard row is one regenerated turn; ``ends_sample`` is
+    true where it finishes its sample (the conversation's last turn, or a turn that failed or was
+    cut, which ends it; always for shards written before multi-turn regeneration). Raises
+    ``InputError`` naming the folder when a shard lacks a column. Returns a polars DataFrame (what
+    the HTML report draws the run from)."""
+    import polars as pl
+
+    from dqa.errors import InputError
+
+    folder = regen_dir / "shards"
+    files = list_shards(regen_dir)  # the shards merge and resume read: not temp files or strays
+    cols = ["row", "completed_at", "output_tokens", "status", "latency_s"]
+    if not files:
+        return pl.DataFrame(schema={"row": pl.Int64, "completed_at": pl.Datetime("us", "UTC"), "output_tokens": pl.Int64,
+                                    "status": pl.String, "latency_s": pl.Float64, "ends_sample": pl.Boolean})
+    parts = []
+    try:
+        for f in files:
+            names = set(pl.read_parquet_schema(f))
+            df = pl.read_parquet(f, columns=cols + [c for c in ("turn", "turns") if c in names])
+            if "turn" in df.columns and "turns" in df.columns:
+                ends = pl.col("turn").is_null() | (pl.col("turn") >= pl.col("turns") - 1) | (pl.col("status") != "ok")
+            else:
+                ends = pl.lit(True)
+            parts.append(df.select(*cols, ends.alias("ends_sample")))
+        return pl.concat(parts, how="vertical_relaxed")
+    except Exception as exc:
+        raise InputError(f"{folder}: shards without {', '.join(cols)} ({' '.join(str(exc).split())[:200]})") from None
