@@ -1,6 +1,6 @@
 """SGLang's router (PyPI ``sglang-router``, the "SGLang Model Gateway"; a Rust process) in front
 of SGLang workers: how dqa recognises one and what it does to a ``/generate`` request (see
-shared/SGLANG.md, "The SGLang router").
+docs/sglang.md, "The SGLang router").
 
 - Recognised by ``GET /get_server_info`` answering ``{"router_manager": true, ...}`` (its own
   object: no version, no context length); ``/server_info`` is a 404 there and its ``/v1/models``
