@@ -12,8 +12,9 @@ A kind that `dqa fleet up` launches also owns the options only its servers have:
 strategy, the SGLang release, deterministic inference), named by ``ServerKind.options``. A
 ``fleet.spec.FleetSpec`` carries them as ``engine_options``; ``fleet/`` never reads their fields.
 
-Nothing here imports numpy, aiohttp or the kind modules: a kind is added by writing its module
-and listing it in ``servers/__init__.py``.
+Nothing here imports numpy, aiohttp or the kind modules at load (``Protocol.classify`` imports
+``servers.replies``, and with it numpy, when it is first asked): a kind is added by writing its
+module and listing it in ``servers/__init__.py``.
 """
 
 from __future__ import annotations
