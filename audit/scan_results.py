@@ -63,7 +63,7 @@ def write_results(ds: Dataset, spec: TemplateSpec, options: ScanOptions, selecte
         written = pool.submit(_write_tables, metrics, turns, findings, id_cols, work)
         summary["degenerate_templates"] = _templates(metrics, turns, ds, spec, options.batch_rows, rows)
         written.result()
-    from dqa.reports.scan_markdown import render_scan_markdown
+    from dqa.audit.scan_markdown import render_scan_markdown
 
     atomic.write_json(work / SUMMARY_FILE, summary)
     atomic.write_text(work / SUMMARY_MD_FILE, render_scan_markdown(summary))

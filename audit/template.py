@@ -28,7 +28,7 @@ from dqa.audit.chat_render import read_chat_template
 TemplateSpec = ChatFormat
 
 
-# Qwen3 ids, from its tokenizer (see SGLANG.md): <|endoftext|> 151643, <|im_start|> 151644,
+# Qwen3 ids, from its tokenizer (see docs/sglang.md): <|endoftext|> 151643, <|im_start|> 151644,
 # <|im_end|> 151645, <think> 151667, </think> 151668, "\n" 198, "\n\n" 271, "assistant" 77091, "user" 872,
 # <tool_response> 151665 (a tool result renders as <|im_start|>user\n<tool_response>\n...).
 _QWEN3_WHITESPACE = (198, 271, 220, 256, 1406, 4710, 5872, 1022, 262, 257, 286)

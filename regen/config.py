@@ -15,9 +15,10 @@ option):
 
 Every default is written once: a group field's default is the option's (the CLI reads it from
 the class, ``SamplingSpec.temperature``), and a default other modules share is a ``DEFAULT_*``
-name below (``DEFAULT_MAX_NEW_TOKENS``, ``DEFAULT_MAX_IN_FLIGHT``, the ``TURN_MODES`` ...). This
-module imports nothing from dqa but ``dqa.errors``, so the CLI reads it at load and every module
-may import it.
+name below (``DEFAULT_MAX_NEW_TOKENS``, ``DEFAULT_MAX_IN_FLIGHT``, ``DEFAULT_CONNECT_TIMEOUT``, the
+``TURN_MODES`` ...). At load this module imports nothing from dqa but ``dqa.errors``, so the CLI
+reads it at load and every module may import it; ``DispatchSpec.http_policy`` imports
+``dqa.regen.wire.http_policy`` when it is called (checking ``--ca-bundle``).
 
 ``RegenConfig(data=..., selection=..., ...)`` builds a config from the groups; the flat keyword
 form ``RegenConfig(dataset=..., out=..., endpoints=[...], max_in_flight=8, ...)`` (one keyword per
@@ -40,6 +41,13 @@ from dqa.errors import UsageError
 DEFAULT_MAX_NEW_TOKENS = 8192
 # Requests in flight per endpoint; `dqa fleet up --max-running-requests` matches it.
 DEFAULT_MAX_IN_FLIGHT = 48
+# Seconds (``Timeouts``' defaults, and of every request outside a run's options): one attempt's whole
+# reply, getting a connection, connect tries at start-up before an endpoint counts as unreachable,
+# and the most one discovery request (server_info, models, a health probe) waits.
+DEFAULT_REQUEST_TIMEOUT = 3600.0
+DEFAULT_CONNECT_TIMEOUT = 10.0
+DEFAULT_PREFLIGHT_WINDOW = 6.0
+DEFAULT_PROBE_TIMEOUT = 10.0
 DEFAULT_TOKENIZER = "qwen3"  # the chat format preset (--tokenizer)
 TURN_MODES = ("flagged", "all", "last")  # --turns: from the first flagged turn on, every turn, the last
 DEFAULT_TURNS = "flagged"
@@ -172,12 +180,12 @@ class Timeouts:
     served its previous turn (and holds that prefix in its cache) while it is at its in-flight
     limit, before the conversation moves to another (``sticky_wait``)."""
 
-    request: float = field(default=3600.0, metadata={"flat": "request_timeout"})
-    connect: float = field(default=10.0, metadata={"flat": "connect_timeout"})
+    request: float = field(default=DEFAULT_REQUEST_TIMEOUT, metadata={"flat": "request_timeout"})
+    connect: float = field(default=DEFAULT_CONNECT_TIMEOUT, metadata={"flat": "connect_timeout"})
     health_interval: float = 15.0
     health: float = field(default=30.0, metadata={"flat": "health_timeout"})
     down_deadline: float = 600.0
-    preflight_window: float = 6.0
+    preflight_window: float = DEFAULT_PREFLIGHT_WINDOW
     sticky_wait: float = 2.0
 
 
@@ -370,10 +378,11 @@ def _groups_from_flat(options: dict[str, Any]) -> dict[str, Any]:
             "output": OutputSpec(**kw["output"])}
 
 
-__all__ = ["DEFAULT_AUX_LAYERS", "DEFAULT_BIND_HOST", "DEFAULT_CALIBRATE_SAMPLE", "DEFAULT_CONTEXT_LENGTH", "DEFAULT_ENGINE",
+__all__ = ["DEFAULT_AUX_LAYERS", "DEFAULT_BIND_HOST", "DEFAULT_CALIBRATE_SAMPLE", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_CONTEXT_LENGTH", "DEFAULT_ENGINE",
            "DEFAULT_GPUS", "DEFAULT_MAMBA_EXTRA_BUFFER", "DEFAULT_MAX_IN_FLIGHT", "DEFAULT_MAX_NEW_TOKENS",
-           "DEFAULT_MAX_RUNNING_REQUESTS", "DEFAULT_MERGE_BATCH_ROWS", "DEFAULT_PORT_BASE", "DEFAULT_PROTOCOL",
-           "DEFAULT_REASONING_PARSER", "DEFAULT_ROUTER_POLICY", "DEFAULT_ROUTER_PORT", "DEFAULT_ROUTER_TIMEOUT",
+           "DEFAULT_MAX_RUNNING_REQUESTS", "DEFAULT_MERGE_BATCH_ROWS", "DEFAULT_PORT_BASE", "DEFAULT_PREFLIGHT_WINDOW",
+           "DEFAULT_PROBE_TIMEOUT", "DEFAULT_PROTOCOL",
+           "DEFAULT_REASONING_PARSER", "DEFAULT_REQUEST_TIMEOUT", "DEFAULT_ROUTER_POLICY", "DEFAULT_ROUTER_PORT", "DEFAULT_ROUTER_TIMEOUT",
            "DEFAULT_STATUS_TIMEOUT", "DEFAULT_TOKENIZER", "DEFAULT_TURNS", "DEFAULT_UP_TIMEOUT",
            "PROTOCOLS", "ROUTER_POLICIES", "ROUTER_REGEN_FLAGS", "TURN_MODES", "parse_shard",
            "DatasetSpec", "DispatchSpec", "OutputSpec", "RegenConfig", "Retries", "SamplingSpec", "Selection", "Timeouts"]

@@ -90,7 +90,7 @@ def up_lines(result: LaunchResult) -> list[str]:
 
 
 def router_lines(st: Any) -> list[str]:
-    """What `fleet status` prints for the fleet's router (a ``fleet.router.RouterStatus``): up and
+    """What `fleet status` prints for the fleet's router (a ``servers.sglang_router.RouterStatus``): up and
     ready, then one line per worker it sees (health, circuit, in flight), retries and upstream
     replies by status code."""
     state = "up" if st.up else "DOWN"

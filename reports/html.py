@@ -34,7 +34,7 @@ from dqa.formatting import human_count, human_duration
 from dqa.regen.dispatch.progress import GAP_S, LIVE_STATES, work_spans
 from dqa.reports.svg import Series, esc, grouped_bars, line_chart
 from dqa.reports.repair_rounds import html_section as repair_section
-from dqa.reports.scan_order import root_cause, root_cause_legend
+from dqa.audit.scan_order import root_cause, root_cause_legend
 
 TEMPLATE_TEXT_MAX = 600
 IDS_PER_CHECK = 5
@@ -85,35 +85,6 @@ def find_validation(scan_dir: Path) -> Path | None:
     return max(found, key=lambda p: (p / "summary.json").stat().st_mtime) if found else None
 
 
-def read_shards(regen_dir: Path) -> pl.DataFrame:
-    """``row``, ``completed_at``, ``output_tokens``, ``status``, ``latency_s`` and ``ends_sample`` of
-    every completed shard row of a regen run. A shard row is one regenerated turn; ``ends_sample`` is
-    true where it finishes its sample (the conversation's last turn, or a turn that failed or was
-    cut, which ends it; always for shards written before multi-turn regeneration). Raises
-    ``InputError`` naming the folder when a shard lacks a column."""
-    from dqa.regen.store.shards import list_shards
-
-    folder = regen_dir / "shards"
-    files = list_shards(regen_dir)  # the shards merge and resume read: not temp files or strays
-    cols = ["row", "completed_at", "output_tokens", "status", "latency_s"]
-    if not files:
-        return pl.DataFrame(schema={"row": pl.Int64, "completed_at": pl.Datetime("us", "UTC"), "output_tokens": pl.Int64,
-                                    "status": pl.String, "latency_s": pl.Float64, "ends_sample": pl.Boolean})
-    parts = []
-    try:
-        for f in files:
-            names = set(pl.read_parquet_schema(f))
-            df = pl.read_parquet(f, columns=cols + [c for c in ("turn", "turns") if c in names])
-            if "turn" in df.columns and "turns" in df.columns:
-                ends = pl.col("turn").is_null() | (pl.col("turn") >= pl.col("turns") - 1) | (pl.col("status") != "ok")
-            else:
-                ends = pl.lit(True)
-            parts.append(df.select(*cols, ends.alias("ends_sample")))
-        return pl.concat(parts, how="vertical_relaxed")
-    except Exception as exc:
-        raise InputError(f"{folder}: shards without {', '.join(cols)} ({' '.join(str(exc).split())[:200]})") from None
-
-
 def load_inputs(
     scan_dir: str | Path,
     regen_dir: str | Path | None = None,
@@ -135,12 +106,12 @@ def load_inputs(
         rd = Path(regen_dir)
         if not rd.is_dir():
             raise InputError(f"{rd}: no such regen folder")
-        from dqa.regen.store.shards import ShardStatus
+        from dqa.regen.store.folder import RunFolder
+        from dqa.regen.store.shards import ShardStatus, shard_rows
 
         inputs.regen_dir = rd
-        inputs.shards = read_shards(rd)
-        if (rd / "progress.json").is_file():
-            inputs.progress = _read_json(rd / "progress.json")
+        inputs.shards = shard_rows(rd)
+        inputs.progress = RunFolder(rd).progress()
         if inputs.after_tokens is None and inputs.shards.height:
             # Per sample (a multi-turn conversation's regenerated turns summed), like the scan's per-sample counts.
             ok = inputs.shards.filter(pl.col("status") == ShardStatus.OK.value)

@@ -11,8 +11,8 @@ from rich.table import Table
 
 from dqa.audit.conventions import conventions_line
 from dqa.audit.scan_folder import FINDINGS_FILE
-from dqa.reports.scan_markdown import template_repr
-from dqa.reports.scan_order import checks_by_samples, root_cause, root_cause_legend
+from dqa.audit.scan_markdown import template_repr
+from dqa.audit.scan_order import checks_by_samples, root_cause, root_cause_legend
 
 ROOT_MARK = "◀"
 

@@ -3,7 +3,14 @@
 - no import circle between dqa's modules, counting imports inside functions;
 - no module over 700 lines;
 - no private name (``_x``) imported from a module of another package;
-- no shim: no module-level ``__getattr__`` that keeps an old import path alive.
+- no shim: no module-level ``__getattr__`` that keeps an old import path alive;
+- no module importing more than 12 of dqa's modules (counting imports inside functions);
+- ``dqa.regen.dispatch`` and the run (``dqa.regen.run``, ``dqa.regen.run_*``) never name the SGLang
+  router: no import of a router module, no identifier that speaks of it (``facts.router``,
+  ``says_no_workers``): what a router changes is asked of ``servers.facts.ServerFacts``;
+- one HTTP stack: aiohttp, imported by ``dqa.regen.wire.transport`` alone; no other HTTP client
+  (httpx, requests, urllib3, http.client) anywhere in dqa (``urllib.request`` only where
+  ``wire.http_policy`` reads the proxy environment).
 
 The package map is pyproject's ``[tool.setuptools.package-dir]``: ``dqa.audit`` lives in
 ``audit/``, ``dqa.regen`` in ``regen/``, and so on.
@@ -24,6 +31,7 @@ else:  # pragma: no cover
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 700
+MAX_DQA_IMPORTS = 12
 
 
 def _modules() -> dict[str, Path]:
@@ -162,3 +170,73 @@ def test_no_shim_keeps_an_old_import_path_alive():
             if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
                 shims.append(str(file.relative_to(ROOT)))
     assert shims == []
+
+
+def test_no_module_imports_more_than_12_of_dqas_modules():
+    graph = _graph()
+    crowded = {m: len(deps) for m, deps in graph.items() if len(deps) > MAX_DQA_IMPORTS}
+    assert crowded == {}, f"modules importing more than {MAX_DQA_IMPORTS} of dqa's modules: {crowded}"
+    assert max(len(deps) for deps in graph.values()) >= 5  # the graph is the real one, not empty
+
+
+ROUTER_WORDS = ("router", "no_workers")
+
+
+def _names_the_router(module: str) -> list[str]:
+    """Where ``module`` names the SGLang router: imports of a module whose name speaks of it, and
+    identifiers (names, attributes, functions, arguments, keywords) that do. Strings and comments
+    are not looked at."""
+    found = []
+    for target, name, line in _imports(module):
+        full = f"{target}.{name}" if name else target
+        if any(w in full.lower() for w in ROUTER_WORDS):
+            found.append(f"{MODULES[module].relative_to(ROOT)}:{line}: imports {full}")
+    tree = ast.parse(MODULES[module].read_text())
+    for node in ast.walk(tree):
+        ident = None
+        if isinstance(node, ast.Name):
+            ident = node.id
+        elif isinstance(node, ast.Attribute):
+            ident = node.attr
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            ident = node.name
+        elif isinstance(node, ast.arg):
+            ident = node.arg
+        elif isinstance(node, ast.keyword):
+            ident = node.arg
+        if ident and any(w in ident.lower() for w in ROUTER_WORDS):
+            found.append(f"{MODULES[module].relative_to(ROOT)}:{node.lineno}: {ident}")
+    return found
+
+
+def _dispatch_and_run_modules() -> list[str]:
+    return sorted(m for m in MODULES if m == "dqa.regen.dispatch" or m.startswith("dqa.regen.dispatch.")
+                  or m == "dqa.regen.run" or m.startswith("dqa.regen.run_"))
+
+
+def test_dispatch_and_the_run_never_name_the_router():
+    modules = _dispatch_and_run_modules()
+    assert {"dqa.regen.run", "dqa.regen.dispatch.scheduler", "dqa.regen.dispatch.preflight"} <= set(modules)
+    assert _names_the_router("dqa.regen.servers.facts")  # the check sees the router where it lives
+    assert [hit for m in modules for hit in _names_the_router(m)] == []
+
+
+HTTP_CLIENTS = ("aiohttp", "httpx", "requests", "urllib3", "http.client", "urllib.request", "pycurl")
+HTTP_ALLOWED = {("dqa.regen.wire.transport", "aiohttp"), ("dqa.regen.wire.http_policy", "urllib.request")}
+
+
+def _http_clients(module: str) -> set[str]:
+    """The HTTP client libraries ``module`` imports (``HTTP_CLIENTS``, by their top names)."""
+    out = set()
+    for target, name, _ in _imports(module):
+        for full in (target, f"{target}.{name}" if name else target):
+            for lib in HTTP_CLIENTS:
+                if full == lib or full.startswith(lib + "."):
+                    out.add(lib)
+    return out
+
+
+def test_one_http_stack():
+    used = {(m, lib) for m in MODULES for lib in _http_clients(m)}
+    assert ("dqa.regen.wire.transport", "aiohttp") in used  # the check sees the one stack
+    assert used - HTTP_ALLOWED == set(), "HTTP goes over aiohttp in dqa.regen.wire.transport only"

@@ -20,7 +20,7 @@ from dqa.errors import InputError, UsageError
 from dqa.regen.config import DispatchSpec
 from dqa.regen.fleet import file as ff
 from dqa.regen.fleet import launch as fl
-from dqa.regen.run_steps import resolve_servers
+from dqa.regen.run_servers import resolve_servers
 
 
 def _one_error_line(r) -> str:

@@ -198,7 +198,7 @@ smg_router_upstream_responses_total{router_type="http",status_code="503",error_c
 
 
 def test_router_metrics_give_each_workers_health_circuit_and_the_retries():
-    from dqa.regen.fleet.router import RouterStatus, parse_metrics
+    from dqa.regen.servers.sglang_router import RouterStatus, parse_metrics
     from dqa.reports.fleet_table import router_lines
 
     st = RouterStatus(url="http://r:1", metrics_url="http://r:2", up=True, ready=True)

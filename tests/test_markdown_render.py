@@ -14,7 +14,7 @@ from html.parser import HTMLParser
 import pytest
 
 from dqa.reports.markdown_validation import md_code, md_escape, render_gate_markdown, render_validation_markdown
-from dqa.reports.scan_markdown import render_scan_markdown
+from dqa.audit.scan_markdown import render_scan_markdown
 
 HOSTILE = '<think>\n\n</think>\n\nOK. a|b `tick` *star* _under_ [link](x) ~~s~~ &amp; back\\slash\\| "q" <|im_end|>'
 

@@ -191,7 +191,7 @@ def test_sets_that_train_only_the_last_turn_are_unaffected(qwen3, tmp_path):
 def test_the_reports_show_turns_beside_samples_only_for_a_multi_turn_set(qwen3, tmp_path):
     from rich.console import Console
 
-    from dqa.reports.scan_markdown import render_scan_markdown
+    from dqa.audit.scan_markdown import render_scan_markdown
     from dqa.reports.scan_terminal import print_scan_table
 
     rng = random.Random(7)

@@ -135,7 +135,7 @@ def test_working_time_from_shards_splits_at_idle_gaps():
 
 def test_openai_figures_count_the_tokens_the_shards_record_not_the_servers_usage(data, stub, tmp_path):
     """The live display, progress.json and the report all count the rendered tokens in the shards."""
-    from dqa.regen.dispatch.progress import render
+    from dqa.reports.regen_live import render
 
     out = tmp_path / "out"
     res = regenerate(_cfg(data, out, [stub.url], protocol="openai", max_new_tokens=64))

@@ -19,7 +19,8 @@ import pytest
 
 from dqa.errors import RuntimeFailure, UsageError
 from dqa.regen.servers import sglang_releases as sg
-from dqa.regen.wire.outcome import FATAL, FAIL, RETRY, classify_status
+from dqa.regen.servers.replies import classify_status
+from dqa.regen.wire.outcome import FATAL, FAIL, RETRY
 from dqa.regen.config import RegenConfig
 from dqa.regen.run import regenerate
 from dqa.regen.servers.facts import facts_from

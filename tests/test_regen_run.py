@@ -318,7 +318,7 @@ def test_the_staging_root_is_private_and_must_be_ours(tmp_path, monkeypatch):
 
 def test_row_count_of_a_jsonl_dataset_reads_no_tokens(tmp_path, monkeypatch):
     from dqa.audit.readers import Dataset, open_dataset
-    from dqa.regen.run_steps import count_rows
+    from dqa.regen.run_inputs import count_rows
 
     path = degenerate_dataset(tmp_path / "d.parquet", 7)
     t = pq.read_table(path)

@@ -112,7 +112,8 @@ def test_a_multi_turn_run_counts_samples_once_and_tokens_of_every_turn(tmp_path)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from dqa.reports.html import read_shards, throughput
+    from dqa.regen.store.shards import shard_rows as read_shards
+    from dqa.reports.html import throughput
 
     t = np.array([0, 10, 20, 30, 40, 50], dtype="datetime64[s]").astype("datetime64[us]")
     table = pa.table({
@@ -271,7 +272,8 @@ def write_two_sessions(folder, gap_s: float = 3600.0, latency: float = 20.0, per
 
 
 def test_an_idle_gap_between_two_runs_is_drawn_as_a_gap_not_as_zero_throughput(cli, defect_scan, tmp_path):
-    from dqa.reports.html import idle_gaps, read_shards, throughput
+    from dqa.regen.store.shards import shard_rows as read_shards
+    from dqa.reports.html import idle_gaps, throughput
 
     regen, times = write_two_sessions(tmp_path / "regen")
     shards = read_shards(regen)
@@ -299,7 +301,8 @@ def test_an_idle_gap_between_two_runs_is_drawn_as_a_gap_not_as_zero_throughput(c
 
 def test_a_short_pause_with_requests_in_flight_is_not_a_gap(tmp_path):
     """Long requests keep a quiet stretch inside the run: it is drawn (low throughput), not cut out."""
-    from dqa.reports.html import idle_gaps, read_shards, throughput
+    from dqa.regen.store.shards import shard_rows as read_shards
+    from dqa.reports.html import idle_gaps, throughput
 
     regen, _ = write_two_sessions(tmp_path / "regen", gap_s=120.0, latency=400.0)
     shards = read_shards(regen)

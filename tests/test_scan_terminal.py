@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from dqa.reports.scan_order import checks_by_samples, root_cause
+from dqa.audit.scan_order import checks_by_samples, root_cause
 from dqa.reports.scan_terminal import ROOT_MARK, print_scan_table
 
 
@@ -83,7 +83,7 @@ def test_a_template_cut_short_in_the_table_is_printed_whole_below_it():
 
 def test_summary_md_and_the_html_report_use_the_same_order_and_mark():
     """summary.md lists checks by samples flagged, marks the root cause and explains the mark."""
-    from dqa.reports.scan_markdown import render_scan_markdown
+    from dqa.audit.scan_markdown import render_scan_markdown
 
     summary = {
         "dataset": "d", "rows": 1000, "failing_rows": 900, "failing_share": 0.9, "tokens": 1, "supervised_tokens": 1,

@@ -222,12 +222,14 @@ def regen_figures(regen_dir: Path) -> RegenFigures:
 
 def _context(regen_dir: Path) -> tuple[int | None, int]:
     """(the smallest context length the run's servers reported, or None; the least prompt + output
-    tokens that any of them accepts at most, ``ServerFacts.output_cap`` of an empty prompt)."""
+    tokens that any of them accepts at most, ``ServerFacts.output_cap`` of an empty prompt), read
+    from the run's run.json through ``RunManifest`` (``servers``)."""
     from dqa.regen.servers.facts import ServerFacts
+    from dqa.regen.store.folder import RunFolder, RunManifest
 
     try:
-        servers = json.loads((regen_dir / "run.json").read_text()).get("servers") or {}
-    except (OSError, ValueError):
+        servers = RunManifest.read(RunFolder(regen_dir).run_json).servers or {}
+    except InputError:  # no run.json, or not one dqa regen wrote: no context known
         return None, 0
     facts = [ServerFacts(kind=str(f.get("server") or "unknown"), version=f.get("version"), context_length=int(f["context_length"]),
                          reserve=int(f.get("speculative_reserve") or 0))

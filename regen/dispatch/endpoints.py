@@ -102,8 +102,8 @@ class EndpointHealth:
 
     def pause(self, ep: Endpoint, why: str) -> None:
         """Stop sending to ``ep`` until its health path answers 200 again, leaving its in-flight
-        requests alone: an SGLang router with no worker to send to (it still finishes, or re-sends,
-        what it holds)."""
+        requests alone: an endpoint with no model server behind it to send to
+        (``ServerFacts.no_capacity``; it still finishes, or re-sends, what it holds)."""
         if not ep.healthy:
             return
         ep.healthy = False

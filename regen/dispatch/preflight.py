@@ -24,7 +24,7 @@ protocol? its limits (``servers.facts``).
   ``data[0].id`` / ``max_model_len`` (``/server_info`` ``context_length`` otherwise; ``/model_info``
   does not carry it), the speculative reserve, the version (how SGLang compares lengths) and
   whether ``sampling_seed`` takes effect (``enable_deterministic_inference``). See
-  ``servers.sglang_releases`` and SGLANG.md.
+  ``servers.sglang_releases`` and docs/sglang.md.
 
 ``servers.facts.discover`` is the same fact finding for one endpoint; the dispatcher calls it again
 for an endpoint that was not up at start-up, once it becomes healthy.
@@ -34,15 +34,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Callable
 
 from dqa.errors import RuntimeFailure, UsageError
 from dqa.regen.servers import KINDS
-from dqa.regen.servers.facts import ServerFacts, discover
+from dqa.regen.config import DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFLIGHT_WINDOW, DEFAULT_PROBE_TIMEOUT, Timeouts
+from dqa.regen.servers.facts import ServerFacts, describe, discover, settle
 from dqa.regen.wire.transport import AiohttpTransport, Transport, TransportError
 from dqa.regen.wire.urls import strip_userinfo
-
-# Start-up reachability: tries over this many seconds before an endpoint counts as never reachable.
-PREFLIGHT_WINDOW_S = 6.0
 
 
 async def _reachable(transport: Transport, url: str, window: float, try_timeout: float, read_timeout: float) -> tuple[bool, str, str | None]:
@@ -71,7 +70,7 @@ async def _reachable(transport: Transport, url: str, window: float, try_timeout:
 async def _one(transport: Transport, url: str, protocol: str, window: float, try_timeout: float,
                info_timeout: float) -> tuple[bool, str, ServerFacts, str | None]:
     name = strip_userinfo(url)
-    ok, err, wrong = await _reachable(transport, url, window, try_timeout, info_timeout or 10.0)
+    ok, err, wrong = await _reachable(transport, url, window, try_timeout, info_timeout or DEFAULT_PROBE_TIMEOUT)
     if not ok:
         return False, err, ServerFacts(), wrong
     facts = await discover(transport, url, info_timeout)
@@ -82,8 +81,8 @@ async def _one(transport: Transport, url: str, protocol: str, window: float, try
 
 
 async def preflight_async(
-    urls: list[str], protocol: str, headers: dict[str, str] | None = None, connect_timeout: float = 10.0,
-    info_timeout: float = 10.0, window: float = PREFLIGHT_WINDOW_S, transport: Transport | None = None,
+    urls: list[str], protocol: str, headers: dict[str, str] | None = None, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    info_timeout: float = DEFAULT_PROBE_TIMEOUT, window: float = DEFAULT_PREFLIGHT_WINDOW, transport: Transport | None = None,
 ) -> dict[str, ServerFacts | None]:
     """Probe every endpoint at once, over ``transport`` (the run's; None: one of its own, closed
     after); ``{url: facts}`` (None: not reachable during ``window``).
@@ -112,7 +111,33 @@ async def preflight_async(
     return {u: (facts if ok else None) for u, (ok, _, facts, _) in zip(urls, results)}
 
 
-def preflight(urls: list[str], protocol: str, headers: dict[str, str] | None = None, connect_timeout: float = 10.0,
-              info_timeout: float = 10.0, window: float = PREFLIGHT_WINDOW_S) -> dict[str, ServerFacts | None]:
+def preflight(urls: list[str], protocol: str, headers: dict[str, str] | None = None, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+              info_timeout: float = DEFAULT_PROBE_TIMEOUT, window: float = DEFAULT_PREFLIGHT_WINDOW) -> dict[str, ServerFacts | None]:
     """``preflight_async`` in its own event loop, over a transport of its own (see there)."""
     return asyncio.run(preflight_async(urls, protocol, headers, connect_timeout, info_timeout, window))
+
+
+def probe_servers(t: Timeouts, link, log: Callable[[str], None]) -> dict[str, ServerFacts | None]:
+    """Before the first request, over the run's ``link`` (a ``link.Link``): which endpoints answer
+    and what they are, each endpoint's facts settled (``servers.facts.settle``: ``--context-length``,
+    what it drops from requests, logged). Returns the facts per URL (None: not reachable yet; also
+    kept as ``link.facts`` and given to the protocol); raises
+    ``UsageError`` (exit 2) for an endpoint of the wrong protocol or with a TLS certificate it
+    cannot verify, and ``RuntimeFailure`` (exit 3) when none answers at all."""
+    s = link.servers
+    facts = link.run(preflight_async(s.urls, s.protocol, s.headers, connect_timeout=t.connect,
+                                     info_timeout=min(t.health, DEFAULT_PROBE_TIMEOUT), window=t.preflight_window,
+                                     transport=link.transport))
+    for u, f in facts.items():
+        if f is not None:
+            note = settle(strip_userinfo(u), f, link.settings.context_length, link.protocol.sampling_keys)
+            if note:
+                log(note)
+    link.protocol.use_facts(facts)  # e.g. openai: the token-exact chat route where the probe found it (issue 11, item 2)
+    for u, f in facts.items():
+        if f is None:
+            log(f"{strip_userinfo(u)}: not reachable at start-up; waiting for it with the others")
+        elif f.complete:
+            log(describe(strip_userinfo(u), f))
+    link.facts = facts
+    return facts

@@ -1,4 +1,5 @@
-"""Live figures of a regen run: counts, rates, ETA, cost; ``progress.json`` and the terminal display.
+"""Live figures of a regen run: counts, rates, ETA, cost; ``progress.json`` (the terminal display
+that draws them is ``dqa.reports.regen_live``).
 
 While a session runs (``running``/``draining``), rates come from measured counts over a sliding
 window (last 60 s) of this session. Once it stops (``finished``/``interrupted``/``failed``) they
@@ -19,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from dqa.formatting import human_duration
 from dqa.regen.store.shards import ShardStatus
 
 WINDOW_S = 60.0
@@ -199,38 +199,3 @@ class Progress:
             },
             "updated_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
-
-
-def render(snap: dict[str, Any]):
-    """A rich renderable of a snapshot: one summary line and a per-endpoint table."""
-    from rich.progress_bar import ProgressBar
-    from rich.table import Table
-
-    total = max(snap["total"], 1)
-    head = Table.grid(padding=(0, 1))
-    head.add_row(
-        ProgressBar(total=total, completed=snap["done"], width=30),
-        f"{snap['done']:,}/{snap['total']:,}",
-        f"[green]ok {snap['ok']:,}[/] [yellow]length {snap['truncated']:,}[/] [red]failed {snap['failed']:,}[/]",
-        f"{snap['state']}",
-    )
-    cost = ""
-    if snap["gpu_hour_cost"]:
-        proj = snap["cost_projected"]
-        cost = f" | cost ${snap['cost_so_far']:,.2f} -> ${proj:,.2f}" if proj is not None else f" | cost ${snap['cost_so_far']:,.2f}"
-    line = (
-        f"{snap['req_per_s']:.1f} req/s | {snap['output_tok_per_s']:,.0f} out tok/s | mean out {snap['mean_output_tokens']:,.0f} tok"
-        f" | in flight {snap['in_flight']} | elapsed {human_duration(snap['elapsed_s'])} | ETA {human_duration(snap['eta_s'])}{cost}"
-    )
-    if snap.get("same_endpoint_share") is not None:
-        line += f" | same endpoint {snap['same_endpoint_share']:.0%} of {snap['consecutive_turns']:,} next turns, {snap['turns_moved']:,} moved"
-    eps = Table(box=None, padding=(0, 1), show_edge=False)
-    for c in ("endpoint", "health", "in flight", "done", "failed", "out tokens"):
-        eps.add_column(c, justify="left" if c == "endpoint" else "right")
-    for url, e in snap["endpoints"].items():
-        eps.add_row(url, "[green]up[/]" if e["healthy"] else "[red]down[/]", str(e["in_flight"]), f"{e['done']:,}", f"{e['failed']:,}", f"{e['output_tokens']:,}")
-    grid = Table.grid()
-    grid.add_row(head)
-    grid.add_row(line)
-    grid.add_row(eps)
-    return grid

@@ -8,7 +8,7 @@ turn's, which that server holds in its prefix cache) goes to the endpoint that a
 previous turn; while that endpoint is at its cap the turn waits for it (``Endpoint.parked``), for
 at most ``sticky_wait`` seconds, then goes to whichever endpoint has room; a turn whose endpoint
 is out, and a retry, go elsewhere at once. Where a conversation's turn was answered is kept only
-while it has turns to go (``home``). Retry rules follow SGLANG.md: backoff on 408/429/5xx/abort/connection
+while it has turns to go (``home``). Retry rules follow docs/sglang.md: backoff on 408/429/5xx/abort/connection
 errors with a fresh ``rid``; 400s and other client errors are recorded as
 failures; a request the server rejects whatever the row (an unknown field, no such route)
 stops the run (``fatal``) without recording the row. An endpoint with ``fail_threshold`` consecutive endpoint faults (or a
@@ -23,9 +23,11 @@ version, whether seeds take effect) comes from the start-up preflight, or is ask
 endpoint first becomes healthy; ``max_new_tokens`` is capped per request so SGLang's length
 check passes, and each row's ``sampling`` records ``seed_applied``; a prompt that cannot fit is
 recorded failed without being sent. ``attempts`` counts the requests that may have reached a model
-server (not one cancelled before it was sent, nor an SGLang router's 503 ``no_available_workers``),
-and giving up uses that count. An SGLang router endpoint (``ServerFacts.router``) is not taken out
-for its workers' faults; with no worker available it is paused (``EndpointHealth.pause``).
+server (not one cancelled before it was sent, nor one the endpoint sent to no model server:
+``ServerFacts.no_capacity``), and giving up uses that count. An endpoint that retries across
+servers of its own (``ServerFacts.retries_itself``) is not taken out for their faults; with no
+server available behind it, it is paused (``EndpointHealth.pause``). What such an endpoint is,
+is ``servers/``' knowledge: nothing here asks.
 
 Start: nothing is sent until every endpoint's first health probe has answered (healthy or not),
 or for at most ``sticky_wait`` seconds after the first endpoint came in. SGLang's
@@ -47,17 +49,16 @@ import itertools
 import json
 import random
 import time
-from dataclasses import dataclass
-from typing import Callable, Iterator
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from dqa.regen.dispatch.endpoints import Endpoint, EndpointHealth
-from dqa.regen.config import DEFAULT_MAX_IN_FLIGHT, Retries, Timeouts
+from dqa.regen.config import DispatchSpec, Retries, Timeouts
 from dqa.regen.dispatch.progress import Progress
 from dqa.regen.jobs.job import Job
 from dqa.regen.servers.facts import ServerFacts, unknown_context
-from dqa.regen.servers.sglang_router import says_no_workers
 from dqa.regen.store.journal import Result, encode
 from dqa.regen.wire.call import call
 from dqa.regen.wire.outcome import FAIL, FATAL, LENGTH, OK, RETRY, Outcome
@@ -74,25 +75,53 @@ def _turn_fields(job: Job) -> tuple[int, int, int]:
     return 0, 1, -1
 
 
+_SPEC_GROUPS = {"timeouts": Timeouts, "retries": Retries}
+
+
+def _from_spec(path: str) -> Any:
+    """A ``DispatchSettings`` field read from the dispatch group at ``path`` (``"max_in_flight"``,
+    ``"timeouts.health"``), whose default is that option's default (written once, in
+    ``dqa.regen.config``)."""
+    group, _, name = path.rpartition(".")
+    cls = _SPEC_GROUPS[group] if group else DispatchSpec
+    default = next(f.default for f in fields(cls) if f.name == name)
+    return field(default=default, metadata={"spec": path})
+
+
 @dataclass
 class DispatchSettings:
-    """Timing and retry knobs (seconds). Defaults: ``dqa regen``'s (``dqa.regen.config``), which suit
-    long thinking generations on a real fleet."""
+    """Timing and retry knobs (seconds). Each field but ``probe_max_interval`` is one option of the
+    dispatch group (``config.DispatchSpec``, its ``Timeouts`` and ``Retries``), named by its
+    field's ``spec`` path, with that option's default; ``from_spec`` reads them all."""
 
-    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
-    max_attempts: int = Retries.max_attempts
-    backoff_base: float = Retries.backoff_base
-    backoff_max: float = Retries.backoff_max
-    fail_threshold: int = Retries.fail_threshold
-    health_interval: float = Timeouts.health_interval
-    health_timeout: float = Timeouts.health
-    probe_max_interval: float = 30.0
-    down_deadline: float = Timeouts.down_deadline
-    request_timeout: float = Timeouts.request
-    connect_timeout: float = Timeouts.connect
-    context_length: int | None = None  # --context-length (servers.facts.with_context_length)
-    sticky_wait: float = Timeouts.sticky_wait
-    sticky: bool = True  # False: no conversation affinity, every request to the least busy endpoint
+    max_in_flight: int = _from_spec("max_in_flight")
+    max_attempts: int = _from_spec("retries.max_attempts")
+    backoff_base: float = _from_spec("retries.backoff_base")
+    backoff_max: float = _from_spec("retries.backoff_max")
+    fail_threshold: int = _from_spec("retries.fail_threshold")
+    health_interval: float = _from_spec("timeouts.health_interval")
+    health_timeout: float = _from_spec("timeouts.health")
+    probe_max_interval: float = 30.0  # the longest wait between probes of an endpoint that is out
+    down_deadline: float = _from_spec("timeouts.down_deadline")
+    request_timeout: float = _from_spec("timeouts.request")
+    connect_timeout: float = _from_spec("timeouts.connect")
+    context_length: int | None = _from_spec("context_length")  # --context-length (servers.facts.with_context_length)
+    sticky_wait: float = _from_spec("timeouts.sticky_wait")
+    sticky: bool = _from_spec("sticky")  # False: no conversation affinity, every request to the least busy endpoint
+
+    @classmethod
+    def from_spec(cls, d: DispatchSpec) -> DispatchSettings:
+        """The dispatcher's knobs of the dispatch group ``d``: every field with a ``spec`` path
+        read from there, the others their defaults."""
+        values = {}
+        for f in fields(cls):
+            path = f.metadata.get("spec")
+            if path:
+                value: Any = d
+                for part in path.split("."):
+                    value = getattr(value, part)
+                values[f.name] = value
+        return cls(**values)
 
 
 def open_transport(settings: DispatchSettings, headers: dict[str, str] | None = None, policy=None) -> AiohttpTransport:
@@ -389,8 +418,8 @@ class Dispatcher:
         record it refused, never sent, when ``ep`` is known to reject it (``_refuse``)."""
         job.max_new = self._max_new(job, ep)
         if job.max_new < 1 or ep.facts is not None and unknown_context(ep.name, ep.facts):
-            # Known to be rejected (or, through a router, not known to fit): never sent, as a
-            # 400 at a router counts against its circuit breaker.
+            # Known to be rejected (or not known to fit where a 400 costs more than the row:
+            # servers.facts.unknown_context): never sent.
             self._refuse(job, ep)
             return
         job.attempts += 1
@@ -405,8 +434,9 @@ class Dispatcher:
     # -- one attempt ----------------------------------------------------------------------
     def _refuse(self, job: Job, ep: Endpoint) -> None:
         """Record ``job`` failed without sending it: its prompt leaves no room for output under
-        ``ep``'s context length (with the speculative reserve), or ``ep`` is a router whose context
-        length is not known (then the run stops: nothing could be sent safely)."""
+        ``ep``'s context length (with the speculative reserve), or ``ep``'s context length must be
+        known and is not (``servers.facts.unknown_context``; then the run stops: nothing could be
+        sent safely)."""
         f = ep.facts
         refused = unknown_context(ep.name, f) if f is not None else None
         if refused:
@@ -488,16 +518,18 @@ class Dispatcher:
         ep.last_error = outcome.error or ""
         if outcome.endpoint_fault:
             ep.fails += 1
-            # An SGLang router has retried across its workers already and is re-sending the other
-            # requests in flight: it is taken out only when it refuses connections itself (its
-            # health path, /health_generate, says whether a worker is healthy behind it).
-            router = ep.facts is not None and ep.facts.router is not None
-            if ep.healthy and (outcome.refused or (ep.fails >= self.s.fail_threshold and not router)):
+            # An endpoint that retries across servers of its own has done so already and is
+            # re-sending the other requests in flight: it is taken out only when it refuses
+            # connections itself (its health path says whether a server is healthy behind it).
+            facts = ep.facts
+            retries_itself = facts is not None and facts.retries_itself
+            no_capacity = facts.no_capacity(outcome.error) if facts is not None else None
+            if ep.healthy and (outcome.refused or (ep.fails >= self.s.fail_threshold and not retries_itself)):
                 self.health.take_out(ep, outcome.error or "failing")
-            elif router and says_no_workers(outcome.error):
-                # The router sent it to no worker (none healthy, or every circuit open): not an
-                # attempt; dqa stops sending there until its health path answers 200 again.
-                self.health.pause(ep, "the router has no available worker")
+            elif no_capacity:
+                # Sent to no model server: not an attempt; dqa stops sending there until its
+                # health path answers 200 again.
+                self.health.pause(ep, no_capacity)
                 job.attempts -= 1
                 if not self.stopping:
                     job.last_endpoint = ep.url

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from dqa.errors import InputError, RuntimeFailure, UsageError
-
+from dqa.regen.config import DEFAULT_PROBE_TIMEOUT
 from dqa.regen.fleet.file import Endpoint, redact
 from dqa.regen.fleet.spec import FleetSpec
 from dqa.regen.servers import ENGINES, KINDS
@@ -211,7 +211,7 @@ def start_servers(cmds: Sequence[ServerCommand]) -> list[StartedServer]:
     return started
 
 
-def probe_health(url: str, path: str, timeout: float = 10.0) -> bool:
+def probe_health(url: str, path: str, timeout: float = DEFAULT_PROBE_TIMEOUT) -> bool:
     """True when ``GET url+path`` answers 200 within ``timeout`` seconds."""
     return answers_ok(url + path, timeout)
 
@@ -250,7 +250,7 @@ def wait_healthy(
                     gpu,
                     s.command.log,
                 )
-            probe_timeout = max(1.0, min(10.0, left))
+            probe_timeout = max(1.0, min(DEFAULT_PROBE_TIMEOUT, left))
             results = dict(
                 zip(pending, pool.map(lambda s: probe_health(s.command.url, path, probe_timeout), pending.values()))
             )

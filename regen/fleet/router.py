@@ -8,11 +8,10 @@ settings README "Through the SGLang router" recommends). The router takes no por
 are found by binding port 0 here and handing the number on (``free_port``). ``start_router`` runs
 it in its own session with its log in the fleet's log folder and returns its fleet-file record (an
 ``Endpoint`` with ``metrics_url``); ``wait_ready`` waits for ``/readiness`` (200 once a worker is
-healthy behind it). ``router_status`` reads its Prometheus port: per worker health
-(``smg_worker_health``), circuit state (``smg_worker_cb_state``: 0 closed, 1 open, 2 half open) and
-requests in flight, the router's retries (``smg_worker_retries_total``,
-``smg_worker_retries_exhausted_total``) and upstream replies by status code
-(``smg_router_upstream_responses_total``): the names the 0.3.2 router exposes.
+healthy behind it). ``router_status`` probes ``/health`` and ``/readiness`` and reads its
+Prometheus port; what the metrics mean (per worker health, circuit state, requests in flight,
+retries, upstream replies by status code) is ``servers.sglang_router.parse_metrics``, with the rest
+of what dqa knows about the router.
 """
 
 from __future__ import annotations
@@ -23,17 +22,17 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from dqa.errors import RuntimeFailure, UsageError
 from dqa.regen.config import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES, ROUTER_REGEN_FLAGS
 from dqa.regen.fleet.file import Endpoint, Fleet
+from dqa.regen.servers.sglang_router import RouterStatus, parse_metrics
 from dqa.regen.wire.http_probe import answers_ok, http_get
 
 ROUTER_MODULE = "sglang_router.launch_router"
-CB_STATES = {0: "closed", 1: "open", 2: "half_open"}  # smg_worker_cb_state's values (its HELP text)
 
 
 def check_router(policy: str, tokenizer: str, port: int = 0) -> None:
@@ -125,68 +124,6 @@ def wait_ready(proc: subprocess.Popen, ep: Endpoint, timeout: float, poll_s: flo
         if time.monotonic() > deadline:
             raise RuntimeFailure(f"router ({ep.url}/readiness) not ready after {timeout:.0f} s; log: {ep.log}")
         time.sleep(poll_s)
-
-
-@dataclass
-class RouterWorker:
-    """One worker as the router sees it: health 1/0, circuit state, requests in flight."""
-
-    url: str
-    healthy: bool | None = None
-    circuit: str | None = None  # closed | open | half_open
-    active: float | None = None
-
-
-@dataclass
-class RouterStatus:
-    """The router's state: ``up`` (``/health`` 200), ``ready`` (``/readiness`` 200: a healthy
-    worker), and from its metrics port (``source`` "metrics", else "none" with a ``note``) its
-    workers, retries, retries exhausted and upstream replies by status code."""
-
-    url: str
-    metrics_url: str | None
-    up: bool
-    ready: bool
-    process: str | None = None
-    source: str = "none"
-    workers: list[RouterWorker] = field(default_factory=list)
-    retries_total: float | None = None
-    retries_exhausted_total: float | None = None
-    responses: dict[str, float] = field(default_factory=dict)
-    note: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return asdict(self)
-
-
-def parse_metrics(text: str, st: RouterStatus) -> None:
-    """Fill ``st`` from the router's Prometheus text (``prometheus_client``'s parser)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    workers: dict[str, RouterWorker] = {}
-    retries = exhausted = None
-    responses: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            url = s.labels.get("worker")
-            if s.name == "smg_worker_health" and url:
-                workers.setdefault(url, RouterWorker(url)).healthy = s.value >= 1
-            elif s.name == "smg_worker_cb_state" and url:
-                workers.setdefault(url, RouterWorker(url)).circuit = CB_STATES.get(int(s.value), str(s.value))
-            elif s.name == "smg_worker_requests_active" and url:
-                workers.setdefault(url, RouterWorker(url)).active = s.value
-            elif s.name == "smg_worker_retries_total":
-                retries = (retries or 0.0) + s.value
-            elif s.name == "smg_worker_retries_exhausted_total":
-                exhausted = (exhausted or 0.0) + s.value
-            elif s.name == "smg_router_upstream_responses_total":
-                code = s.labels.get("status_code", "?")
-                responses[code] = responses.get(code, 0.0) + s.value
-    st.workers = sorted(workers.values(), key=lambda w: w.url)
-    # The counters appear once the router first counts one; with the metrics port answering, none yet is 0.
-    st.retries_total, st.retries_exhausted_total, st.responses = retries or 0.0, exhausted or 0.0, responses
-    st.source = "metrics"
 
 
 def router_status(ep: Endpoint, timeout: float, process: str | None = None) -> RouterStatus:

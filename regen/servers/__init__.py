@@ -12,7 +12,10 @@
 ``KINDS[name]`` is a ``base.ServerKind``; ``ENGINES`` are the kinds `dqa fleet up --engine` can
 launch, ``PROTOCOLS`` the request protocols (`dqa regen --protocol`, the fleet file's
 ``protocol``; the choice list lives with the defaults in ``dqa.regen.config``, checked against ``KINDS`` here). ``protocol_kind(name)`` is the kind that speaks a protocol: `dqa regen` asks it for its request protocol (``make_protocol``) and what that protocol needs (``chat_rendered``), so no kind name is spelled outside this package and the defaults. ``facts`` is what a server says
-about itself. Adding a kind: its module (a ``ServerKind`` named ``KIND``, its ``Protocol`` if it
+about itself; ``replies`` reads SGLang's error shapes into outcomes (``Protocol.classify``);
+``sglang_router`` is what dqa knows of SGLang's router (detection, the sampling fields it drops,
+its ``no_available_workers``, its metrics), asked through ``facts.ServerFacts`` so that nothing
+outside this package branches on it. Adding a kind: its module (a ``ServerKind`` named ``KIND``, its ``Protocol`` if it
 has its own) and its name in the line below. Importing this package imports numpy (the
 protocols), not aiohttp; `dqa --help` imports neither.
 """

@@ -12,8 +12,9 @@ A kind that `dqa fleet up` launches also owns the options only its servers have:
 strategy, the SGLang release, deterministic inference), named by ``ServerKind.options``. A
 ``fleet.spec.FleetSpec`` carries them as ``engine_options``; ``fleet/`` never reads their fields.
 
-Nothing here imports numpy, aiohttp or the kind modules: a kind is added by writing its module
-and listing it in ``servers/__init__.py``.
+Nothing here imports numpy, aiohttp or the kind modules at load (``Protocol.classify`` imports
+``servers.replies``, and with it numpy, when it is first asked): a kind is added by writing its
+module and listing it in ``servers/__init__.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class Protocol:
     """How a kind's servers are asked for one completion (``POST path``).
 
     ``body`` builds the request of one attempt; ``parse`` reads a 200 reply into an ``Outcome``
-    and never raises for server behaviour. The hooks let a protocol adapt per endpoint; they do
+    and ``classify`` any other status; neither raises for server behaviour. The hooks let a
+    protocol adapt per endpoint; they do
     nothing here: ``use_facts`` takes what the start-up probe found, ``extras_for`` names
     optional fields not to send to that endpoint, ``rejected`` reads an error reply that refuses
     optional fields (the fields to drop and ask again without; empty: an ordinary error),
@@ -60,6 +62,15 @@ class Protocol:
 
     def replied(self, url: str, outcome, extras_off: frozenset[str]) -> None:
         """Called with the parsed ``outcome`` of every 200 reply from ``url``."""
+
+    def classify(self, status: int, body: bytes):
+        """The ``wire.outcome.Outcome`` of a non-200 reply whose fields were not refused
+        (``rejected`` was empty): retried, a recorded failure or fatal, read from SGLang's error
+        shapes (``servers.replies.classify_status``; every kind here speaks through SGLang or an
+        OpenAI-compatible server answering the same way). Never raises."""
+        from dqa.regen.servers.replies import classify_status  # numpy: not at this module's import
+
+        return classify_status(status, body)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ length, speculative reserve, whether seeds take effect, whether its chat route i
   ``max_model_len`` (``/server_info`` ``context_length`` otherwise; ``/model_info`` does not carry
   it), the speculative reserve, the version (how SGLang compares lengths) and whether
   ``sampling_seed`` takes effect (``enable_deterministic_inference``). See ``sglang_releases``
-  and SGLANG.md.
+  and docs/sglang.md.
 - Token-exact OpenAI route (``--protocol openai``): ``ServerFacts.token_ids``, set by the openai
   kind's preflight (``servers.openai.probe_token_ids``; None: not known, e.g. still starting; the
   first real reply decides); run.json records it per endpoint as ``openai_route``
@@ -18,7 +18,10 @@ length, speculative reserve, whether seeds take effect, whether its chat route i
   preflight checks.
 
 ``dqa regen``'s start-up preflight (``dqa.regen.dispatch.preflight``) and the dispatcher (for an
-endpoint that was not up at start-up, once it becomes healthy) ask ``discover``.
+endpoint that was not up at start-up, once it becomes healthy) ask ``discover``; the preflight
+then ``settle``s each endpoint's facts. What an SGLang router changes is answered here and in
+``sglang_router`` (``ServerFacts.retries_itself``, ``no_capacity``, ``unknown_context``), so the
+dispatcher and the run never ask whether an endpoint is a router.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from dqa.errors import UsageError
 from dqa.regen.wire.transport import Transport, TransportError
 
 from . import sglang_releases as sg
@@ -67,6 +71,22 @@ class ServerFacts:
         inference; None for other servers (not known)."""
         if self.kind == SGLANG:
             return bool(self.deterministic)
+        return None
+
+    @property
+    def retries_itself(self) -> bool:
+        """Whether the endpoint retries across servers of its own before it answers (an SGLang
+        router in front of workers): its 5xx are its workers' faults, so the dispatcher takes it
+        out only when it refuses connections itself."""
+        return self.router is not None
+
+    def no_capacity(self, error: str | None) -> str | None:
+        """Why an attempt whose error text is ``error`` reached no model server, or None: an SGLang
+        router's 503 ``no_available_workers`` (no healthy worker, or every circuit open; it has
+        retried already). Such an attempt is not counted, and the dispatcher sends nothing more
+        there until its health path answers 200 (``EndpointHealth.pause``)."""
+        if self.router is not None and router.says_no_workers(error):
+            return "the router has no available worker"
         return None
 
     def output_cap(self, prompt_len: int) -> int | None:
@@ -167,6 +187,27 @@ def with_context_length(f: ServerFacts, n: int | None) -> None:
         f.context_length = n
         if f.router is not None:
             f.router["context_from"] = "--context-length"
+
+
+def settle(name: str, f: ServerFacts, context_length: int | None, sampling_keys: tuple[str, ...]) -> str | None:
+    """What the start-up probe does with one reachable endpoint's facts ``f`` (in place; ``name``
+    without credentials): apply ``--context-length`` (``with_context_length``), and for an SGLang
+    router record which of the ``sampling_keys`` sent it passes on (``router.sampling_fields``,
+    run.json's ``servers.<url>.router.sampling_fields``). Returns the log line naming the fields
+    dropped from every request, or None; raises ``UsageError`` for a router whose context length
+    is not known (``unknown_context``: never uncapped through a router, whose circuit breaker
+    counts the 400s)."""
+    with_context_length(f, context_length)
+    refused = unknown_context(name, f)
+    if refused:
+        raise UsageError(refused)
+    if f.router is None:
+        return None
+    f.router["sampling_fields"] = fields = router.sampling_fields(sampling_keys)
+    dropped = sorted(k for k, v in fields.items() if v == router.DROPPED)
+    if not dropped:
+        return None
+    return f"{name}: the SGLang router drops {', '.join(dropped)} from every request (run.json: servers.router.sampling_fields)"
 
 
 def unknown_context(name: str, f: ServerFacts) -> str | None:

@@ -4,7 +4,7 @@ the OpenAI chat API (an SGLang, a vLLM, ``transformers serve``: ``servers.transf
 does not launch this kind itself.
 
 The request carries ``messages`` decoded from the prompt tokens and ``chat_template_kwargs:
-{"enable_thinking": true}``. Token-exact where the server allows it (SGLang 0.5.23: SGLANG.md):
+{"enable_thinking": true}``. Token-exact where the server allows it (SGLang 0.5.23: docs/sglang.md):
 the body also carries the prompt as ``input_ids`` (the server then skips its chat template;
 ``messages`` only give the stop tokens) and ``"return_token_ids": true``, and the reply's
 ``choices[0].response_token_ids`` are kept as they are, like ``/generate``'s ``output_ids`` (the
@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from dqa.regen.wire.outcome import FAIL, LENGTH, OK, RETRY, Outcome, count_or_none, error_in_body, short
+from dqa.regen.servers.replies import error_in_body
+from dqa.regen.wire.outcome import FAIL, LENGTH, OK, RETRY, Outcome, count_or_none, short
 from dqa.regen.config import SamplingSpec
 from dqa.regen.jobs.job import Job
 

@@ -2,10 +2,10 @@
 ``python -m sglang.launch_server`` command of `dqa fleet up` with its own options
 (``SglangOptions``: MTP, the Mamba cache strategy, the release, deterministic inference) and the
 Prometheus ``/metrics`` (or ``Decode batch`` log line) `dqa fleet status` reads. Facts per SGLang release (length check, the
-Mamba cache strategy flag) are in ``servers.sglang_releases``; see shared/SGLANG.md.
+Mamba cache strategy flag) are in ``servers.sglang_releases``; see docs/sglang.md.
 
 Request: ``POST /generate`` with ``input_ids`` and ``sampling_params``; the reply's
-``output_ids`` are kept as is (token-exact). Aborts follow SGLang (SGLANG.md, "Aborts"): a plain
+``output_ids`` are kept as is (token-exact). Aborts follow SGLang (docs/sglang.md, "Aborts"): a plain
 abort is an HTTP 200 whose ``finish_reason`` is ``{"type": "abort", "status_code": null}`` with
 partial ``output_ids`` (retried; the partial output is not kept); an abort with a status code
 arrives as a real HTTP 400/500/503 and is classified like any such status.
@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from dqa.errors import UsageError
-from dqa.regen.wire.outcome import ENDPOINT_FAULT_STATUS, FAIL, LENGTH, OK, RETRY, RETRY_STATUS, Outcome, count_or_none, error_in_body, short
+from dqa.regen.servers.replies import ENDPOINT_FAULT_STATUS, RETRY_STATUS, error_in_body
+from dqa.regen.wire.outcome import FAIL, LENGTH, OK, RETRY, Outcome, count_or_none, short
 from dqa.regen.config import DEFAULT_MAMBA_EXTRA_BUFFER, SamplingSpec
 from dqa.regen.jobs.job import Job
 from dqa.regen.wire.http_probe import http_get
@@ -63,7 +64,7 @@ class SglangProtocol(Protocol):
         return job.body_cache + b',"max_new_tokens":%d,"sampling_seed":%d},"rid":%s%d"}' % (max_new, job.seed, job.rid_prefix, attempt)
 
     def parse(self, obj: Any, job: Job) -> Outcome:
-        """Read ``output_ids`` and ``meta_info.finish_reason`` (dict shapes per SGLANG.md)."""
+        """Read ``output_ids`` and ``meta_info.finish_reason`` (dict shapes per docs/sglang.md)."""
         bad = error_in_body(obj)
         if bad is not None:
             return bad
@@ -107,7 +108,7 @@ class SglangProtocol(Protocol):
 
 # ------------------------------------------------------------------------------ launch
 
-# SGLang MTP: NEXTN (rewritten to EAGLE by SGLang), 3 steps, top-k 1, 4 draft tokens (SGLANG.md).
+# SGLang MTP: NEXTN (rewritten to EAGLE by SGLang), 3 steps, top-k 1, 4 draft tokens (docs/sglang.md).
 MTP_FLAGS = [
     "--speculative-algorithm", "NEXTN",
     "--speculative-num-steps", "3",
@@ -207,7 +208,7 @@ def installed_sglang_version(python: str, timeout: float = 60.0) -> str | None:
 
 def launch_argv(spec, port: int) -> list[str]:
     """The argument list of one SGLang server of ``spec`` (a checked ``FleetSpec``) listening on
-    ``port`` (see SGLANG.md, "Launch")."""
+    ``port`` (see docs/sglang.md, "Launch")."""
     opts = spec.engine_options
     argv = [spec.python, "-m", "sglang.launch_server", "--model-path", spec.model, "--host", spec.host, "--port", str(port)]
     if spec.context_length:

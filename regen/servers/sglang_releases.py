@@ -1,4 +1,4 @@
-"""What dqa knows about SGLang, release by release (shared/SGLANG.md, "Behaviour read from the
+"""What dqa knows about SGLang, release by release (docs/sglang.md, "Behaviour read from the
 released source, 0.5.4 to 0.5.23").
 
 Two sides use it: ``dqa regen`` reads a running server's ``/server_info`` (``ServerFacts`` in
@@ -23,9 +23,9 @@ import functools
 import re
 from typing import Any
 
-# The newest release SGLANG.md describes: what `fleet up` assumes when it cannot ask the node.
+# The newest release docs/sglang.md describes: what `fleet up` assumes when it cannot ask the node.
 NEWEST_KNOWN = "0.5.23"
-# Equal is already over the context length up to this release (SGLANG.md: 0.5.4 compares with >=).
+# Equal is already over the context length up to this release (docs/sglang.md: 0.5.4 compares with >=).
 LAST_INCLUSIVE_LENGTH_CHECK = (0, 5, 4)
 # Tokens kept free on top of the speculative reserve while speculative decoding is on: newer
 # releases reserve for the largest draft-token count an adaptive algorithm may switch to.

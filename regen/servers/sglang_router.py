@@ -1,6 +1,6 @@
 """SGLang's router (PyPI ``sglang-router``, the "SGLang Model Gateway"; a Rust process) in front
 of SGLang workers: how dqa recognises one and what it does to a ``/generate`` request (see
-shared/SGLANG.md, "The SGLang router").
+docs/sglang.md, "The SGLang router").
 
 - Recognised by ``GET /get_server_info`` answering ``{"router_manager": true, ...}`` (its own
   object: no version, no context length); ``/server_info`` is a 404 there and its ``/v1/models``
@@ -12,11 +12,21 @@ shared/SGLANG.md, "The SGLang router").
   bodies; ``tests/test_regen_router.py`` checks the table against the installed router), so
   run.json can say per field dqa sends whether it was ``applied`` or ``dropped``.
 
-Nothing here does I/O; ``servers.facts.discover`` asks the router and its workers.
+- Its metrics (Prometheus, on its own port): per worker health (``smg_worker_health``), circuit
+  state (``smg_worker_cb_state``: 0 closed, 1 open, 2 half open) and requests in flight, the
+  router's retries (``smg_worker_retries_total``, ``smg_worker_retries_exhausted_total``) and
+  upstream replies by status code (``smg_router_upstream_responses_total``): the names the 0.3.2
+  router exposes, read by ``parse_metrics`` into a ``RouterStatus`` (`dqa fleet status`).
+- Its 503 ``no_available_workers`` (``says_no_workers``), which ``servers.facts.ServerFacts.no_capacity``
+  turns into "send nothing there until its health answers".
+
+Nothing here does I/O; ``servers.facts.discover`` asks the router and its workers, and
+``fleet.router`` launches and probes it.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 RELEASE = "0.3.2"  # the sglang-router release the table below was read from
@@ -60,3 +70,69 @@ def says_no_workers(error: str | None) -> bool:
     """Whether an attempt's error text is the router's 503 ``no_available_workers`` (it has retried
     already; sending more only burns attempts until a worker is back)."""
     return bool(error) and NO_WORKERS in error
+
+
+CB_STATES = {0: "closed", 1: "open", 2: "half_open"}  # smg_worker_cb_state's values (its HELP text)
+
+
+@dataclass
+class RouterWorker:
+    """One worker as the router sees it: health 1/0, circuit state, requests in flight."""
+
+    url: str
+    healthy: bool | None = None
+    circuit: str | None = None  # closed | open | half_open
+    active: float | None = None
+
+
+@dataclass
+class RouterStatus:
+    """The router's state: ``up`` (``/health`` 200), ``ready`` (``/readiness`` 200: a healthy
+    worker), and from its metrics port (``source`` "metrics", else "none" with a ``note``) its
+    workers, retries, retries exhausted and upstream replies by status code."""
+
+    url: str
+    metrics_url: str | None
+    up: bool
+    ready: bool
+    process: str | None = None
+    source: str = "none"
+    workers: list[RouterWorker] = field(default_factory=list)
+    retries_total: float | None = None
+    retries_exhausted_total: float | None = None
+    responses: dict[str, float] = field(default_factory=dict)
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+def parse_metrics(text: str, st: RouterStatus) -> None:
+    """Fill ``st`` from the router's Prometheus text (``prometheus_client``'s parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    workers: dict[str, RouterWorker] = {}
+    retries = exhausted = None
+    responses: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            url = s.labels.get("worker")
+            if s.name == "smg_worker_health" and url:
+                workers.setdefault(url, RouterWorker(url)).healthy = s.value >= 1
+            elif s.name == "smg_worker_cb_state" and url:
+                workers.setdefault(url, RouterWorker(url)).circuit = CB_STATES.get(int(s.value), str(s.value))
+            elif s.name == "smg_worker_requests_active" and url:
+                workers.setdefault(url, RouterWorker(url)).active = s.value
+            elif s.name == "smg_worker_retries_total":
+                retries = (retries or 0.0) + s.value
+            elif s.name == "smg_worker_retries_exhausted_total":
+                exhausted = (exhausted or 0.0) + s.value
+            elif s.name == "smg_router_upstream_responses_total":
+                code = s.labels.get("status_code", "?")
+                responses[code] = responses.get(code, 0.0) + s.value
+    st.workers = sorted(workers.values(), key=lambda w: w.url)
+    # The counters appear once the router first counts one; with the metrics port answering, none yet is 0.
+    st.retries_total, st.retries_exhausted_total, st.responses = retries or 0.0, exhausted or 0.0, responses
+    st.source = "metrics"
+

@@ -215,6 +215,16 @@ class RunFolder:
     def shards(self) -> list[Path]:
         return list_shards(self.path)
 
+    def progress(self) -> dict[str, Any] | None:
+        """The folder's progress.json (what the report shows), None when there is none. Raises
+        ``InputError`` naming the file when it is there but not readable JSON."""
+        if not self.progress_json.is_file():
+            return None
+        try:
+            return json.loads(self.progress_json.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise InputError(f"{self.progress_json}: not readable JSON ({exc})") from None
+
     def read_progress(self) -> dict[str, Any]:
         """The progress.json of earlier sessions ({} when missing or unreadable)."""
         try:

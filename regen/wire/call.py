@@ -5,7 +5,8 @@ What goes into the request and how the reply is read is the server kind's ``Prot
 (``dqa.regen.servers``): ``servers.sglang.SglangProtocol`` (``POST /generate``, token-exact) and
 ``servers.openai.OpenAIProtocol`` (``POST /v1/chat/completions``, token-exact where the server
 allows it, else the reply rendered back into tokens). A call never raises for server behaviour:
-HTTP statuses and transport failures become outcomes (``outcome``: what each kind means).
+transport failures become outcomes here (``transport_outcome``), HTTP statuses through the
+protocol (``Protocol.classify``: the server kind knows its error shapes).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 
 from dqa.regen.jobs.job import Job
-from dqa.regen.wire.outcome import FAIL, FATAL, RETRY, Outcome, classify_status, short
+from dqa.regen.wire.outcome import FAIL, FATAL, RETRY, Outcome, short
 from dqa.regen.wire.transport import AiohttpTransport, Transport, TransportError
 
 
@@ -71,7 +72,7 @@ async def call(
         rejected = protocol.rejected(url, status, raw, extras_off)
         if rejected:
             return Outcome(RETRY, error=f"HTTP {status}: server rejects {sorted(rejected)}"), rejected
-        return classify_status(status, raw), frozenset()
+        return protocol.classify(status, raw), frozenset()
     try:
         obj = json.loads(raw)
     except ValueError:

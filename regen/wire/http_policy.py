@@ -1,9 +1,9 @@
 """What every HTTP call dqa makes to a model server trusts and goes through: one policy.
 
-``dqa regen`` (generation, health checks, discovery, preflight; aiohttp), ``dqa plan
---calibrate`` (the same regen), ``dqa fleet up`` (waiting for health) and ``dqa fleet status``
-(health and ``/metrics``; httpx) all take their TLS trust and their proxy from ``HttpPolicy``,
-so a setting that works for one works for all.
+``dqa regen`` (generation, health checks, discovery, preflight), ``dqa plan --calibrate`` (the
+same regen), ``dqa fleet up`` (waiting for health) and ``dqa fleet status`` (health and
+``/metrics``: ``http_probe``) all go over aiohttp (``transport.AiohttpTransport``) and take their
+TLS trust and their proxy from ``HttpPolicy``, so a setting that works for one works for all.
 
 TLS: the CA bundle that verifies ``https://`` servers is, first found,
 ``--ca-bundle PATH``, ``$SSL_CERT_FILE``, ``$REQUESTS_CA_BUNDLE``, else the system's store. A

@@ -39,6 +39,7 @@ from typing import Any
 import aiohttp
 import yarl
 
+from dqa.regen.config import DEFAULT_CONNECT_TIMEOUT, DEFAULT_PROBE_TIMEOUT, DEFAULT_REQUEST_TIMEOUT
 from dqa.regen.wire.http_policy import HttpPolicy
 from dqa.regen.wire.urls import strip_userinfo
 
@@ -83,7 +84,7 @@ class Transport:
         ``limit`` bytes (None: no limit). Raises ``TransportError``."""
         raise NotImplementedError
 
-    async def request(self, method: str, url: str, body: bytes | None = None, timeout: float = 10.0,
+    async def request(self, method: str, url: str, body: bytes | None = None, timeout: float = DEFAULT_PROBE_TIMEOUT,
                       connect_timeout: float | None = None, limit: int = PROBE_REPLY_LIMIT) -> tuple[int, bytes]:
         """``method`` (GET, or POST with a JSON ``body``) to ``url``, redirects not followed:
         connecting within ``connect_timeout`` seconds (default ``timeout``), then the whole reply
@@ -180,7 +181,8 @@ class AiohttpTransport(Transport):
     Used within one event loop and closed with ``close`` there.
     """
 
-    def __init__(self, headers: dict[str, str] | None = None, *, connect_timeout: float = 10.0, request_timeout: float = 3600.0,
+    def __init__(self, headers: dict[str, str] | None = None, *, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
                  per_host: int = 64, policy: HttpPolicy | None = None, session=None):
         # The body's content type goes with the body (a GET carries none).
         self.headers = {k: v for k, v in (headers or {}).items() if k.lower() != "content-type"}
@@ -224,7 +226,7 @@ class AiohttpTransport(Transport):
             self._post_timeout = _client_timeout(self.connect_timeout)
         return await self._send("POST", url, body, self._post_timeout, self.connect_timeout, self.request_timeout, limit)
 
-    async def request(self, method: str, url: str, body: bytes | None = None, timeout: float = 10.0,
+    async def request(self, method: str, url: str, body: bytes | None = None, timeout: float = DEFAULT_PROBE_TIMEOUT,
                       connect_timeout: float | None = None, limit: int = PROBE_REPLY_LIMIT) -> tuple[int, bytes]:
         if method not in ("GET", "POST"):
             raise ValueError(f"method {method!r}: GET or POST")

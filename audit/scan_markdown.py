@@ -2,14 +2,19 @@
 
 Decoded template text is untrusted and holds markup (``<think>``, ``<|im_end|>``): it is shown
 with ``md_code`` (``<code>`` + HTML escaping), which GitHub renders literally, also in a table.
+
+``summary.md`` is one of the scan folder's files (``scan_folder.SCAN_FILES``), written by the scan
+with the others (``scan_results``), so its renderer lives with the scan, in ``dqa.audit``; the
+terminal table (``dqa.reports.scan_terminal``) borrows ``template_repr``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from dqa.reports.markdown_validation import md_code, md_escape
-from dqa.reports.scan_order import checks_by_samples, root_cause, root_cause_legend
+from dqa.markdown import md_code, md_escape
+
+from dqa.audit.scan_order import checks_by_samples, root_cause, root_cause_legend
 
 
 def template_repr(text: str, limit: int = 80) -> str:

@@ -5,6 +5,9 @@ name. The root cause is named apart: the check that is the first reason (by prio
 ``primary_reason`` in FORMATS.md) of the most failing samples. A degenerate "OK." sample is also
 short and has empty thinking, so ``short_response`` or ``empty_thinking`` may flag more samples
 while ``degenerate_template`` explains more.
+
+Read by the scan's own summary.md (``scan_markdown``) and by ``dqa.reports`` (terminal table,
+HTML report), so it lives with the checks, in ``dqa.audit``.
 """
 
 from __future__ import annotations
