@@ -26,14 +26,12 @@ from dqa.audit import checks as checks_mod
 from dqa.audit import identity
 from dqa.audit.kernels import KernelTables
 from dqa.audit.readers import Dataset, open_dataset
-from dqa.audit.scan_folder import SCAN_FILES, SUMMARY_FILE, is_scan_folder, read_summary
+from dqa.audit.scan_folder import SCAN_FILES, SUMMARY_FILE, is_scan_folder, is_store_failure, read_summary, shown, writing
 from dqa.audit.scan_options import DEFAULT_BATCH_ROWS, ScanOptions  # noqa: F401 (re-exported: dqa.audit.scan.ScanOptions)
 from dqa.audit.scan_workers import scan_parts
 from dqa.audit.template import load_template
 from dqa.errors import InputError
 from dqa.memory import reuse_freed_memory
-from dqa.storage import is_url, location, output_folder
-from dqa.storage.faults import is_store_error, store_error
 
 if TYPE_CHECKING:
     import polars as pl
@@ -132,17 +130,16 @@ def run_scan(
     ds.set_chat_format(spec, options.last_turn_only)  # conversation JSONL is rendered and masked with it
     tables = KernelTables.build(spec)
     target = out_dir if out_dir is not None else default_out_dir(dataset)
-    with output_folder(target, SUMMARY_FILE) as out:  # a URL: staged here, published with summary.json last
+    with writing(target) as out:  # a URL: staged here, published with summary.json last
         result = _scan_into(out, ds, dataset, spec, tables, options, selected, params, progress, workers, t0)
-    if is_url(target):
-        result.out_dir = location(target)  # type: ignore[assignment]
+    result.out_dir = shown(target, result.out_dir)
     return result
 
 
 def _scan_into(out: Path, ds: Dataset, dataset: "str | Path", spec: Any, tables: KernelTables, options: ScanOptions,
                selected: Any, params: Any, progress: ProgressFn | None, workers: int, t0: float) -> ScanResult:
     """Scan ``ds`` into the local folder ``out`` (built beside it, then moved in: see ``run_scan``)."""
-    atomic.check_output_dir(out, [location(dataset)], is_scan_folder, "dqa scan folder")
+    atomic.check_output_dir(out, [dataset], is_scan_folder, "dqa scan folder")
     previous = read_summary(out) if is_scan_folder(out) else None
     identity.check_scan_folder(out, dataset, previous)
     fingerprint = scan_fingerprint(ds, options)
@@ -163,8 +160,8 @@ def _scan_into(out: Path, ds: Dataset, dataset: "str | Path", spec: Any, tables:
                            and not name.startswith(atomic.TMP_PREFIX))
     except OSError as exc:
         shutil.rmtree(work, ignore_errors=True)
-        if is_store_error(exc):
-            raise store_error(exc, str(dataset)) from None
+        if is_store_failure(exc):
+            raise  # reported, naming the store's URL, by writing()
         raise atomic.named_os_error(exc, out) from exc
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)

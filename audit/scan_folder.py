@@ -10,10 +10,11 @@ names its files and finds its findings through this module; the writer is
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from dqa.errors import InputError
 
@@ -26,6 +27,37 @@ FINDINGS_FILE = "findings.parquet"
 SUMMARY_FILE = "summary.json"
 SUMMARY_MD_FILE = "summary.md"
 SCAN_FILES = (METRICS_FILE, TURNS_FILE, FINDINGS_FILE, SUMMARY_FILE, SUMMARY_MD_FILE)
+
+
+@contextlib.contextmanager
+def writing(target: "str | Path") -> Iterator[Path]:
+    """The local folder to write the scan folder ``target`` in: ``target`` itself, or for a URL a staging
+    folder published when the block ends, ``summary.json`` last (``dqa.storage.output_folder``). A store's
+    ``OSError`` inside the block is raised as its one-line error (``dqa.storage.faults``)."""
+    from dqa.storage import output_folder
+    from dqa.storage.faults import is_store_error, store_error
+
+    try:
+        with output_folder(target, SUMMARY_FILE) as local:
+            yield local
+    except OSError as exc:
+        if is_store_error(exc):
+            raise store_error(exc, str(target)) from None
+        raise
+
+
+def shown(target: "str | Path", local: Path) -> Any:
+    """What a scan written through ``writing(target)`` is called: ``local``, or the ``StorePath`` of a URL."""
+    from dqa.storage import is_url, location
+
+    return location(target) if is_url(target) else local
+
+
+def is_store_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` came from a store (to be left for ``writing`` to report), not from the local disk."""
+    from dqa.storage.faults import is_store_error
+
+    return is_store_error(exc)
 
 
 def is_scan_folder(path: str | Path) -> bool:
