@@ -85,10 +85,12 @@ def scan_folder_of(findings: str | Path) -> Path:
 
 def read_summary(folder: str | Path) -> dict[str, Any] | None:
     """``folder/summary.json`` as a dict; None when it is absent or not a readable JSON object."""
-    f = Path(folder) / SUMMARY_FILE
+    from dqa.storage import location
+
+    f = location(folder) / SUMMARY_FILE  # a folder in a store: summary.json read from it
     try:
         data = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, InputError):  # InputError: a store's "no such object"
         return None
     return data if isinstance(data, dict) else None
 

@@ -130,7 +130,7 @@ def test_the_whole_loop_on_a_bucket(s3, example, env, tmp_path):
 def test_repair_from_a_bucket_to_a_bucket(s3, example, env, tmp_path):
     data, planted = example
     bucket, src = uploaded(s3, data)
-    out, work = f"s3://{bucket}/release/example.parquet", f"s3://{bucket}/work/example"
+    out, work = f"s3://{bucket}/release/example.parquet", f"s3://{bucket}/repairs/example"
     with StubServer(tmp_path / "stub", "--latency-s", "0.002", "--vocab", "qwen3.6") as stub:
         res = dqa("repair", src, "-e", stub.url, "-t", "qwen3.6", "--out", out, "--work", work, "--json", env=env, cwd=tmp_path)
         record = json.loads(res.stdout)

@@ -176,17 +176,19 @@ def check_before_tokenizer(dataset: str | Path, out_dir: Path) -> None:
     from dqa.audit.scan_folder import is_scan_folder, read_summary
     from dqa.errors import InputError
 
-    from dqa.storage import INCOMPLETE, input_folder, is_url, location
+    from dqa.storage import INCOMPLETE, is_url, location
 
     if not location(dataset).exists():
         raise InputError(f"{dataset}: no such file or folder" + (" in the store" if is_url(dataset) else ""))
-    if is_url(out_dir):
+    if is_url(out_dir):  # checked in the store itself: a listing and summary.json, nothing downloaded
         there = location(out_dir)
         if not there.is_dir() or (there / INCOMPLETE).is_file():
             return  # a new folder in the store, or one an interrupted upload left: the scan writes it anew
-        out = input_folder(out_dir)
-    else:
-        out = Path(out_dir)
+        if not is_scan_folder(there):
+            raise InputError(f"{there}: exists and is not an earlier dqa scan folder; choose another --out or remove it")
+        identity.check_scan_folder(there, dataset, read_summary(there))  # type: ignore[arg-type]
+        return
+    out = Path(out_dir)
     atomic.check_output_dir(out, [location(dataset)], is_scan_folder, "dqa scan folder")
     identity.check_scan_folder(out, dataset, read_summary(out) if is_scan_folder(out) else None)
 

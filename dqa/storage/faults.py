@@ -23,6 +23,8 @@ from dqa.errors import DqaError, InputError, RuntimeFailure
 
 _AWS = re.compile(r"AWS Error (?P<code>[A-Z_]+)(?: \(HTTP status (?P<status>\d+)\))? during (?P<op>\w+) operation: ?(?P<detail>[^(\n]*)")
 _WHERE = re.compile(r"(?:key '(?P<key>[^']*)' in )?bucket '(?P<bucket>[^']*)'")
+# scheme://userinfo@ : userinfo stops at the first "/", "?", "#" or space, so an "@" later in a
+# path or query is left alone (RFC 3986 requires "@" and "/" inside a password to be escaped).
 _USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://)[^/?#\s@]*@")
 INPUT_ERRORS = {
     "NO_SUCH_BUCKET": "no such bucket",
@@ -44,9 +46,9 @@ def store_error(exc: OSError, url: str) -> DqaError:
     text = " ".join(str(exc).split())
     m = _AWS.search(text)
     if isinstance(exc, FileNotFoundError) and not m:
-        return InputError(_clean(f"{url}: no such file or folder in the store"))
+        return InputError(without_credentials(f"{url}: no such file or folder in the store"))
     if m is None:
-        return RuntimeFailure(_clean(f"{url}: the store failed ({text[:200]}); rerun to retry"))
+        return RuntimeFailure(without_credentials(f"{url}: the store failed ({text[:200]}); rerun to retry"))
     code, op = m["code"], m["op"]
     where = _WHERE.search(text)
     if where is not None and where["bucket"]:
@@ -54,10 +56,10 @@ def store_error(exc: OSError, url: str) -> DqaError:
         url = f"{scheme}://{where['bucket']}/{where['key'] or ''}".rstrip("/")
     if code in INPUT_ERRORS:
         fix = _CREDENTIALS_FIX if code not in ("NO_SUCH_BUCKET", "NO_SUCH_KEY", "RESOURCE_NOT_FOUND") else "check the URL"
-        return InputError(_clean(f"{url}: {INPUT_ERRORS[code]} ({code} during {op}); {fix}"))
+        return InputError(without_credentials(f"{url}: {INPUT_ERRORS[code]} ({code} during {op}); {fix}"))
     detail = m["detail"].strip().rstrip(";")
     status = f", HTTP {m['status']}" if m["status"] else ""
-    failure = RuntimeFailure(_clean(f"{url}: the store failed after its retries ({code} during {op}{status}: {detail[:120]}); rerun to retry"))
+    failure = RuntimeFailure(without_credentials(f"{url}: the store failed after its retries ({code} during {op}{status}: {detail[:120]}); rerun to retry"))
     # The SDK gives up at once on an error reply too long for a small ranged read's buffer ("Failed to flush
     # response stream", INTERNAL_FAILURE: a 503 SlowDown's XML does not fit), and after its retries on the rest:
     # a caller that can redo its piece of work (a scan unit) may try again.
@@ -90,5 +92,3 @@ def without_credentials(text: str) -> str:
     """``text`` with the ``user:password@`` of every URL in it removed."""
     return _USERINFO.sub(r"\1", text)
 
-
-_clean = without_credentials

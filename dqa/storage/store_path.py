@@ -20,7 +20,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Iterator, NamedTuple
 
 
-_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://)[^/?#\s@]*@")
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)://(?P<rest>.*)$")
 
 
@@ -124,7 +123,9 @@ class StorePath:
     def __str__(self) -> str:
         if self.scheme == "file":
             return self.key
-        return _USERINFO.sub(r"\1", f"{self.scheme}://{self.key.lstrip('/')}")  # an fsspec path may keep user:password@
+        from dqa.storage.faults import without_credentials
+
+        return without_credentials(f"{self.scheme}://{self.key.lstrip('/')}")  # an fsspec path may keep user:password@
 
     @classmethod
     def local(cls, path: "str | os.PathLike[str]") -> "StorePath":
