@@ -1,39 +1,30 @@
 """The kernel pass of a scan: every batch of the dataset through ``kernels.batch_metrics_and_turns``, its
-per-sample and per-turn metrics written to work parts, in one process or in ``workers`` processes.
+per-sample and per-turn metrics written to work parts, in this process or unit by unit on an executor.
 
-With more than one worker the dataset is cut into ``WorkUnit``s (``Dataset.work_units``: runs of parquet
-row groups, or whole files whose row count the format records), joined into units that shrink towards the end
-of the set (``guided_units``), and a process pool (``concurrent.futures``) scans them, each unit into its own
-pair of parts (Arrow IPC files, lz4-compressed: a hand-off between processes, with no parquet encoding on either
-side), while this process prepares what follows the pass (``scan_parts``' ``meanwhile``) and loads the tokenizer
-the report decodes with. The parts are read back in unit order, so
-the metrics and turns tables are the ones a single process writes: every metric of a row depends only on
-the row, and the set-level checks (template shares, duplicates) count their hashes over the whole tables
-afterwards (``checks.prepare``), so their counts are exact for any cut. Findings are identical for every
-``workers``. Datasets that cannot be cut without reading them (Arrow streams, JSONL, conversations) are
-read as one stream in this process, with a reader thread, as with one worker. A worker reads and decodes
-in its own thread when there are as many workers as cores, else with a reader thread and Arrow's threads.
+With an executor (``dqa.audit.executors``: a process pool for ``workers`` > 1, or Ray tasks) the dataset is cut
+into ``WorkUnit``s (``Dataset.work_units``: runs of parquet row groups, or whole files whose row count the format
+records), joined into units that shrink towards the end of the set (``guided_units``), and the executor scans
+each unit (``scan_unit``) into its own pair of parts (Arrow IPC files, lz4-compressed: a hand-off with no parquet
+encoding on either side) in the work folder, while this process prepares what follows the pass (``scan_parts``'
+``meanwhile``) and loads the tokenizer the report decodes with. The parts are read back in unit order, here, by
+the same code for every executor, so the metrics and turns tables are the ones a single process writes: every
+metric of a row depends only on the row, and the set-level checks (template shares, duplicates) count their
+hashes over the whole tables afterwards (``checks.prepare``), so their counts are exact for any cut. Findings are
+identical for every executor and ``workers``. Datasets that cannot be cut without reading them (Arrow streams,
+JSONL, conversations) are read as one stream in this process, with a reader thread, as with one worker.
 
-A unit's error surfaces as it would in one process: the pool's results are taken in unit order, so the
-first bad row in dataset order is the one named, and the other workers are stopped. Workers ignore Ctrl-C
-and die on SIGTERM; the scan's process stops the pool. A worker that dies (the out-of-memory killer) fails
-the scan at once (``RuntimeFailure``, exit 3) instead of leaving it waiting for that worker's units, and the
-workers die with the scan's process (Linux's parent-death signal) instead of outliving it.
+An executor hands back the units' results in unit order, so the first bad row in dataset order is the one named
+(``InputError``); a unit that cannot be scanned otherwise fails the scan (``RuntimeFailure``, exit 3).
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import queue
-import signal
-import sys
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -43,8 +34,9 @@ from dqa.audit.formats.arrow import ARROW_FILE
 from dqa.audit.kernels import TURN_COLUMNS, TURN_DTYPES, KernelTables, batch_metrics_and_turns
 from dqa.audit.readers import Dataset, WorkUnit
 from dqa.audit.token_batch import TokenBatch, arrow_view
-from dqa.errors import RuntimeFailure
-from dqa.memory import reuse_freed_memory
+
+if TYPE_CHECKING:
+    from dqa.audit.executors import UnitRunner
 
 ProgressFn = Callable[[int, int], None]  # (rows done so far, tokens done so far)
 PART_CODEC = "lz4"  # the work parts' Arrow IPC buffer compression
@@ -199,19 +191,79 @@ def _concat(frames: list) -> Any:
     return frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical_relaxed")
 
 
+class UnitTask(NamedTuple):
+    """One unit of a scan for an executor: unit ``k`` (dataset order) is ``unit``, scanned in batches of
+    ``batch_rows`` into the parts ``pair`` (metrics, turns); ``dataset`` names the set in errors; ``threads``: read
+    ahead and decode with threads (set by the executor: only where cores are spare)."""
+
+    k: int
+    unit: WorkUnit
+    batch_rows: int
+    pair: tuple[Path, Path]
+    dataset: str
+    threads: bool = False
+
+
+class UnitDone(NamedTuple):
+    """What scanning a unit gave, besides its parts: its rows and tokens, and whether the chat format's fit was
+    checked on its first rows (``stream_metrics``' ``fit_checked``)."""
+
+    k: int
+    rows: int
+    tokens: int
+    fit: bool
+
+
+def scan_unit(task: UnitTask, ds: Dataset, tables: KernelTables) -> UnitDone:
+    """Scan ``task``'s unit of ``ds`` into its parts; a unit whose store read failed (``dqa.storage.faults.
+    is_transient``) is scanned again from its start, up to ``UNIT_ATTEMPTS`` times, with a growing pause (its parts
+    are rewritten). Returns a ``UnitDone``. Raises ``InputError`` for bad input and what the last attempt raised."""
+    from dqa.storage.faults import is_transient
+
+    for attempt in range(1, UNIT_ATTEMPTS + 1):
+        try:
+            return scan_unit_once(task, ds, tables)
+        except Exception as exc:
+            if attempt == UNIT_ATTEMPTS or not is_transient(exc):
+                raise
+            time.sleep(0.5 * 2 ** (attempt - 1))
+    raise AssertionError("unreachable")
+
+
+UNIT_ATTEMPTS = 3
+
+
+def scan_unit_once(task: UnitTask, ds: Dataset, tables: KernelTables) -> UnitDone:
+    """One attempt of ``scan_unit``."""
+    # With a worker per core, one thread each: a reader thread or Arrow's decoding threads would only contend
+    # for the same cores, and each thread's allocations go to a glibc arena of its own, whose heaps are
+    # unmapped as they empty and refaulted on the next batch (~10% of a worker's CPU).
+    part, turns_part = task.pair
+    rows, tokens, fit = stream_metrics(ds.unit_batches(task.unit, task.batch_rows, threads=task.threads), tables, part,
+                                       None, turns_part, task.dataset, check_fit=task.unit.start_row == 0,
+                                       prefetch=task.threads)
+    return UnitDone(task.k, rows, tokens, fit)
+
+
 def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, progress: ProgressFn | None,
-               workers: int, meanwhile: Callable[[], None] | None = None) -> tuple[Any, Any, int, int]:
+               workers: int, meanwhile: Callable[[], None] | None = None,
+               runner: "UnitRunner | None" = None) -> tuple[Any, Any, int, int]:
     """Run the kernels over ``ds`` into parts under ``work``; return ``(metrics, turns, rows, tokens)``: the kernels'
     per-sample and per-turn tables (polars) in dataset order (None for an empty dataset), read back from the parts,
-    which are then removed. ``workers`` > 1 scans the dataset's work units in that many processes (see the module
-    docstring). ``meanwhile`` is called in this process once the workers are scanning (before the pass when it runs
-    here): the caller's own preparations, which then overlap the pass. Raises ``InputError`` for bad input (the first
-    in dataset order), ``RuntimeFailure`` when a worker dies (``KeyboardInterrupt`` when it was told to stop with the
-    scan's process group), and whatever ``meanwhile`` raises (the workers are stopped then)."""
+    which are then removed. The units run on ``runner`` (``dqa.audit.executors``) when given, else on a process pool
+    of ``workers`` when that is more than 1 (see the module docstring). ``meanwhile`` is called in this process once
+    the units are running (before the pass when it runs here): the caller's own preparations, which then overlap
+    the pass. Raises ``InputError`` for bad input (the first in dataset order), ``RuntimeFailure`` when a unit
+    cannot be scanned (a pool worker died; a Ray task failed its retries), ``KeyboardInterrupt`` when the pool was
+    told to stop with the scan's process group, and whatever ``meanwhile`` raises (the units are stopped then)."""
+    if runner is None and workers > 1:
+        from dqa.audit.executors.processes import ProcessUnits
+
+        runner = ProcessUnits(workers)
     units = None
-    if workers > 1 and ds.num_rows:
+    if runner is not None and ds.num_rows:
         units = ds.work_units(batch_rows)
-        units = guided_units(units, workers) if units else units
+        units = guided_units(units, runner.slots) if units else units
     if not units or len(units) < 2:
         if meanwhile is not None:
             meanwhile()
@@ -221,38 +273,26 @@ def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, p
             return None, None, 0, 0
         return *read_part_pair(pair), rows, tokens
     pairs = [(work / f"metrics.part-{k:05d}.arrow", work / f"turns.part-{k:05d}.arrow") for k in range(len(units))]
-    procs = min(workers, len(units))
-    threads = default_workers() > procs  # spare cores: each worker reads ahead and decodes with threads too
-    tasks = [(k, u, batch_rows, pairs[k], str(ds.path), threads) for k, u in enumerate(units)]
-    rows = tokens = 0
-    checked = False
-    executor = ProcessPoolExecutor(procs, mp_context=_context(), initializer=_init_worker,
-                                   initargs=(ds, tables, os.getpid()))
+    tasks = [UnitTask(k, u, batch_rows, pairs[k], str(ds.path)) for k, u in enumerate(units)]
     loader = threading.Thread(target=_load_quietly, args=(tables,), name="dqa-tokenizer", daemon=True)
-    try:
-        futures = [executor.submit(_scan_unit, task) for task in tasks]  # the workers start on the first units now
+
+    def started() -> None:
         if meanwhile is not None:
             meanwhile()
         # Then this process would only wait: it loads the tokenizer the report decodes the degenerate templates with
         # (0.3-0.5 s, otherwise spent after the pass). Its errors surface where it is used.
         loader.start()
-        for future in futures:  # in unit order: the first error is the first bad row
-            k, n_rows, n_tokens, fit = future.result()
-            rows, tokens = rows + n_rows, tokens + n_tokens
-            checked = checked or (k == 0 and fit)
-            if progress:
-                progress(rows, tokens)
-    except BrokenProcessPool:
-        procs = _workers(executor)
-        _stop(executor)
-        raise _death(procs, str(ds.path)) from None
-    except BaseException:  # a bad row, Ctrl-C, meanwhile's error: the other units' work is moot
-        _stop(executor)
-        raise
-    # The parts are read back once the workers have exited: read during the pass (0.07 s less serial tail on the
-    # 200M-token sets), the set's tables would sit beside every worker's retained heap, raising the scan's peak.
-    executor.shutdown()
-    read = read_parts(pairs, procs)
+
+    rows = tokens = 0
+    checked = False
+    for done in runner.results(ds, tables, tasks, started):  # in unit order
+        rows, tokens = rows + done.rows, tokens + done.tokens
+        checked = checked or (done.k == 0 and done.fit)
+        if progress:
+            progress(rows, tokens)
+    # The parts are read back once the units are done: read during the pass (0.07 s less serial tail on the
+    # 200M-token sets), the set's tables would sit beside every pool worker's retained heap, raising the scan's peak.
+    read = read_parts(pairs, default_workers())
     if loader.is_alive():
         loader.join()
     if not checked:  # the first unit held too few supervised rows: check on the first rows of the set, as one process does
@@ -293,115 +333,11 @@ def _joined(run: list[WorkUnit]) -> WorkUnit:
     return WorkUnit(run[0].file, run[0].start_row, sum(c.rows for c in run), groups)
 
 
-def _stop(executor: ProcessPoolExecutor) -> None:
-    """Stop ``executor`` now: pending units cancelled, running ones killed (``shutdown`` alone waits for them), and
-    every worker joined, so that none writes into the work folder after this returns."""
-    procs = _workers(executor)
-    terminate = getattr(executor, "terminate_workers", None)  # Python 3.14+ (it does not join)
-    if terminate is not None:
-        terminate()
-    else:
-        executor.shutdown(wait=False, cancel_futures=True)
-        for proc in procs:
-            proc.terminate()
-    for proc in procs:
-        proc.join()
-
-
-def _workers(executor: ProcessPoolExecutor) -> list:
-    """The executor's worker processes (``shutdown`` forgets them; the standard library has no public list)."""
-    return list((getattr(executor, "_processes", None) or {}).values())
-
-
-def _death(procs: list, dataset: str) -> BaseException:
-    """What a broken pool means, from how its workers ended (the pool terminates the others with SIGTERM when one
-    dies): a SIGKILL is most often the out-of-memory killer; another failure names its exit code; SIGTERM or SIGINT
-    alone means the whole process group was told to stop: an interrupt."""
-    codes = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-    stopped = (-signal.SIGTERM, -signal.SIGINT)
-    if -signal.SIGKILL in codes:
-        return RuntimeFailure(f"{dataset}: a scan worker process was killed (SIGKILL: the out-of-memory killer?); rerun "
-                              "with fewer --workers or a smaller --batch-rows")
-    failed = [c for c in codes if c not in stopped]
-    if failed or not codes:
-        return RuntimeFailure(f"{dataset}: a scan worker process died (exit {', '.join(map(str, failed)) or 'unknown'}); "
-                              "rerun with --workers 1 to see the error in this process")
-    return KeyboardInterrupt()
-
-
 def _load_quietly(tables: KernelTables) -> None:
     try:
         tables.spec.tokenizer  # noqa: B018 (a lazy property: reading it loads the tokenizer)
     except Exception:  # the scan reports it where the tokenizer is used
         pass
-
-
-def _context():
-    """fork where the platform has it (the workers inherit the loaded tables; no re-import), else spawn."""
-    return multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-
-
-_WORKER: dict[str, Any] = {}
-
-
-def _init_worker(ds: Dataset, tables: KernelTables, parent: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the scan process's to handle: it stops the pool
-    # ... by SIGTERM, which must end a worker wherever it is. The CLI's handler, inherited through fork, raises
-    # KeyboardInterrupt, which a worker blocked on the pool's queue lock could swallow and then wait forever.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _die_with_parent(parent)
-    reuse_freed_memory()
-    _WORKER["ds"], _WORKER["tables"] = ds, tables
-
-
-def _die_with_parent(parent: int) -> None:
-    """Ask Linux to SIGKILL this worker when the scan's process dies (``kill -9``, the out-of-memory killer): the
-    pool's queues are pipes that the workers hold open too, so an orphaned worker would wait on them forever. A no-op
-    elsewhere. ``parent``: the scan's pid, to catch a parent that died before the request was made."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:
-        os._exit(1)
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _scan_unit(task) -> tuple[int, int, int, bool]:
-    """Scan one unit into its parts; a unit whose store read failed (``dqa.storage.faults.is_transient``) is
-    scanned again from its start, up to ``UNIT_ATTEMPTS`` times, with a growing pause (its parts are rewritten)."""
-    from dqa.storage.faults import is_transient
-
-    for attempt in range(1, UNIT_ATTEMPTS + 1):
-        try:
-            return _scan_unit_once(task)
-        except Exception as exc:
-            if attempt == UNIT_ATTEMPTS or not is_transient(exc):
-                raise
-            time.sleep(0.5 * 2 ** (attempt - 1))
-    raise AssertionError("unreachable")
-
-
-UNIT_ATTEMPTS = 3
-
-
-def _scan_unit_once(task) -> tuple[int, int, int, bool]:
-    k, unit, batch_rows, (part, turns_part), dataset, threads = task
-    ds: Dataset = _WORKER["ds"]
-    # With a worker per core, one thread each: a reader thread or Arrow's decoding threads would only contend
-    # for the same cores, and each thread's allocations go to a glibc arena of its own, whose heaps are
-    # unmapped as they empty and refaulted on the next batch (~10% of a worker's CPU).
-    rows, tokens, fit = stream_metrics(ds.unit_batches(unit, batch_rows, threads=threads), _WORKER["tables"], part, None,
-                                       turns_part, dataset, check_fit=unit.start_row == 0, prefetch=threads)
-    return k, rows, tokens, fit
 
 
 def _check_fit_of_units(metrics: list, tables: KernelTables, dataset: str) -> None:

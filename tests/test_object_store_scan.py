@@ -245,27 +245,27 @@ def test_a_scan_unit_whose_store_read_failed_is_scanned_again(monkeypatch):
                     "operation: Failed to flush response stream")
     calls = []
 
-    def flaky(task):
+    def flaky(task, ds, tables):
         calls.append(task)
         if len(calls) < scan_workers.UNIT_ATTEMPTS:
             raise store_error(flush, "s3://b/k")
         return (task, 1, 2, False)
 
-    monkeypatch.setattr(scan_workers, "_scan_unit_once", flaky)
+    monkeypatch.setattr(scan_workers, "scan_unit_once", flaky)
     monkeypatch.setattr(scan_workers.time, "sleep", lambda s: None)
-    assert scan_workers._scan_unit("unit") == ("unit", 1, 2, False) and len(calls) == scan_workers.UNIT_ATTEMPTS
+    assert scan_workers.scan_unit("unit", None, None) == ("unit", 1, 2, False) and len(calls) == scan_workers.UNIT_ATTEMPTS
     calls.clear()
-    monkeypatch.setattr(scan_workers, "_scan_unit_once", lambda task: (calls.append(task), (_ for _ in ()).throw(store_error(flush, "s3://b/k")))[1])
+    monkeypatch.setattr(scan_workers, "scan_unit_once", lambda task, ds, tables: (calls.append(task), (_ for _ in ()).throw(store_error(flush, "s3://b/k")))[1])
     with pytest.raises(Exception, match="Failed to flush"):
-        scan_workers._scan_unit("unit")
+        scan_workers.scan_unit("unit", None, None)
     assert len(calls) == scan_workers.UNIT_ATTEMPTS
     calls.clear()
 
-    def bad_input(task):
+    def bad_input(task, ds, tables):
         calls.append(task)
         raise InputError("s3://b/k: unreadable parquet file")
 
-    monkeypatch.setattr(scan_workers, "_scan_unit_once", bad_input)
+    monkeypatch.setattr(scan_workers, "scan_unit_once", bad_input)
     with pytest.raises(InputError):
-        scan_workers._scan_unit("unit")
+        scan_workers.scan_unit("unit", None, None)
     assert len(calls) == 1

@@ -91,7 +91,7 @@ def test_the_workers_start_before_the_scan_imports_polars(tmp_path, layouts):
     probe.mkdir()
     code = (
         "import os, sys\n"
-        "import dqa.audit.scan_workers as w\n"
+        "import dqa.audit.executors.processes as w\n"
         "init = w._init_worker\n"
         "def probed(*args):\n"
         f"    open(os.path.join({str(probe)!r}, str(os.getpid())), 'w').write(str('polars' in sys.modules))\n"
@@ -114,8 +114,8 @@ def test_the_workers_start_before_the_scan_imports_polars(tmp_path, layouts):
 
 def _scan_with_patched_worker(tmp_path, layouts, patch: str) -> subprocess.CompletedProcess:
     """`dqa scan --workers 2` of the row-group set from the CLI, with ``patch`` (Python source run first: it may
-    replace functions of ``dqa.audit.scan_workers``, imported as ``w``, which the forked workers inherit)."""
-    code = ("import sys\nimport dqa.audit.scan_workers as w\n" + patch +
+    replace functions of ``dqa.audit.executors.processes``, imported as ``w``, which the forked workers inherit)."""
+    code = ("import sys\nimport dqa.audit.executors.processes as w\n" + patch +
             f"sys.argv = ['dqa', 'scan', {str(layouts['row groups'])!r}, '-t', 'qwen3.6', '--out', {str(tmp_path / 'o')!r},"
             " '--workers', '2', '--batch-rows', '64', '--quiet']\n"
             "from dqa.cli import main\nmain()\n")
@@ -174,7 +174,7 @@ def test_the_workers_die_with_the_scan_when_it_is_killed(tmp_path, layouts):
     import time
 
     patch = _on_unit(0, "pass", otherwise="import time; time.sleep(60)")  # the other units wait: the pool is busy
-    code = ("import sys\nimport dqa.audit.scan_workers as w\n" + patch +
+    code = ("import sys\nimport dqa.audit.executors.processes as w\n" + patch +
             f"sys.argv = ['dqa', 'scan', {str(layouts['row groups'])!r}, '-t', 'qwen3.6', '--out', {str(tmp_path / 'o')!r},"
             " '--workers', '2', '--batch-rows', '64', '--quiet']\n"
             "from dqa.cli import main\nmain()\n")
