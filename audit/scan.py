@@ -28,7 +28,7 @@ from dqa.audit.kernels import KernelTables
 from dqa.audit.readers import Dataset, open_dataset
 from dqa.audit.scan_folder import SCAN_FILES, SUMMARY_FILE, is_scan_folder, is_store_failure, read_summary, shown, writing
 from dqa.audit.scan_options import DEFAULT_BATCH_ROWS, ScanOptions  # noqa: F401 (re-exported: dqa.audit.scan.ScanOptions)
-from dqa.audit.scan_workers import scan_parts
+from dqa.audit.executors import scan_parts
 from dqa.audit.template import load_template
 from dqa.errors import InputError
 from dqa.memory import reuse_freed_memory
@@ -70,8 +70,8 @@ def scan_fingerprint(ds: Dataset, options: ScanOptions) -> dict[str, Any]:
     """
     files = identity.files_fingerprint(ds.files)
     # An option at its default is left out, so scans made before the option existed stay reusable.
-    # batch_rows and workers change how the work is cut, never what it finds.
-    opts = {k: v for k, v in asdict(options).items() if k not in ("batch_rows", "workers") and not (k == "last_turn_only" and not v)}
+    # batch_rows, workers and ray change how and where the work is cut, never what it finds.
+    opts = {k: v for k, v in asdict(options).items() if k not in ("batch_rows", "workers", "ray") and not (k == "last_turn_only" and not v)}
     return {"files": files, "options": json.loads(json.dumps(opts, sort_keys=True, default=str))}
 
 
@@ -107,8 +107,9 @@ def run_scan(
     or options): see ``dqa.audit.identity``.
 
     Returns a ``ScanResult``. Raises ``InputError`` for unreadable or malformed
-    input or a folder holding another dataset's scan (nothing is written then),
-    ``OSError`` for output failures, and ``RuntimeFailure`` when a worker process dies.
+    input, a folder holding another dataset's scan, or a Ray cluster that cannot be reached (nothing is written
+    then), ``OSError`` for output failures, and ``RuntimeFailure`` when a unit cannot be scanned (a worker
+    process died; a Ray task failed its retries).
     """
     options = options or ScanOptions()
     t0 = time.perf_counter()
@@ -148,7 +149,7 @@ def _scan_into(out: Path, ds: Dataset, dataset: "str | Path", spec: Any, tables:
     work = atomic.make_work_dir(out)
     try:
         metrics, turns, rows, tokens = scan_parts(ds, tables, work, options.batch_rows, progress, workers,
-                                                  meanwhile=_import_results)
+                                                  options.ray, meanwhile=_import_results)
         if rows == 0:
             raise InputError(f"{dataset}: no rows (an empty dataset)")
         from dqa.audit.scan_results import write_results

@@ -29,3 +29,6 @@ class ScanOptions:
     # Processes that scan row groups / files; None: 1. In a library call the caller's process may hold
     # other threads, and the pool forks it: so one unless asked. `dqa scan` defaults to the CPUs.
     workers: int | None = None
+    # A Ray cluster to run the units on (``dqa.audit.executors.ray_tasks.connect``: auto, local, HOST:PORT,
+    # ray://HOST:PORT); None: this machine. With ``local``, ``workers`` is the local cluster's CPUs.
+    ray: str | None = None

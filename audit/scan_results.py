@@ -2,7 +2,7 @@
 scan folder's files written (``write_results``, called by ``dqa.audit.scan.run_scan``).
 
 This is the part of a scan that needs polars. ``run_scan`` imports it while the workers scan
-(``scan_workers.scan_parts``'s ``meanwhile``), so that polars' import overlaps their pass.
+(``executors.scan_parts``'s ``meanwhile``), so that polars' import overlaps their pass.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ TURNS_FILE_ROWS = 65536  # turns per row group of turns.parquet
 def write_results(ds: Dataset, spec: TemplateSpec, options: ScanOptions, selected: list[str],
                   params: dict[str, dict[str, Any]], metrics: pl.DataFrame, turns: pl.DataFrame, rows: int, tokens: int,
                   work: Path, t0: float, fingerprint: dict[str, Any]) -> tuple[dict[str, Any], pl.DataFrame, pl.DataFrame]:
-    """Apply the checks to the kernel pass's tables (``scan_workers.scan_parts``' ``metrics`` and ``turns``) and
+    """Apply the checks to the kernel pass's tables (``executors.scan_parts``' ``metrics`` and ``turns``) and
     write the scan files into ``work``; return ``(summary, metrics, findings)``. ``t0``: when the scan started
     (``summary["elapsed_s"]``); ``fingerprint``: ``scan.scan_fingerprint``'s, recorded in the summary."""
     conventions = detect_conventions(metrics, spec)

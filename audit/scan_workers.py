@@ -24,7 +24,7 @@ import queue
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -34,9 +34,6 @@ from dqa.audit.formats.arrow import ARROW_FILE
 from dqa.audit.kernels import TURN_COLUMNS, TURN_DTYPES, KernelTables, batch_metrics_and_turns
 from dqa.audit.readers import Dataset, WorkUnit
 from dqa.audit.token_batch import TokenBatch, arrow_view
-
-if TYPE_CHECKING:
-    from dqa.audit.executors import UnitRunner
 
 ProgressFn = Callable[[int, int], None]  # (rows done so far, tokens done so far)
 PART_CODEC = "lz4"  # the work parts' Arrow IPC buffer compression
@@ -246,20 +243,16 @@ def scan_unit_once(task: UnitTask, ds: Dataset, tables: KernelTables) -> UnitDon
 
 
 def scan_parts(ds: Dataset, tables: KernelTables, work: Path, batch_rows: int, progress: ProgressFn | None,
-               workers: int, meanwhile: Callable[[], None] | None = None,
-               runner: "UnitRunner | None" = None) -> tuple[Any, Any, int, int]:
+               meanwhile: Callable[[], None] | None = None,
+               runner: Any = None) -> tuple[Any, Any, int, int]:
     """Run the kernels over ``ds`` into parts under ``work``; return ``(metrics, turns, rows, tokens)``: the kernels'
     per-sample and per-turn tables (polars) in dataset order (None for an empty dataset), read back from the parts,
-    which are then removed. The units run on ``runner`` (``dqa.audit.executors``) when given, else on a process pool
-    of ``workers`` when that is more than 1 (see the module docstring). ``meanwhile`` is called in this process once
+    which are then removed. The units run on ``runner`` (a ``dqa.audit.executors.UnitRunner``, which picks it) when
+    given, else the whole set is read in this process (see the module docstring). ``meanwhile`` is called in this process once
     the units are running (before the pass when it runs here): the caller's own preparations, which then overlap
     the pass. Raises ``InputError`` for bad input (the first in dataset order), ``RuntimeFailure`` when a unit
     cannot be scanned (a pool worker died; a Ray task failed its retries), ``KeyboardInterrupt`` when the pool was
     told to stop with the scan's process group, and whatever ``meanwhile`` raises (the units are stopped then)."""
-    if runner is None and workers > 1:
-        from dqa.audit.executors.processes import ProcessUnits
-
-        runner = ProcessUnits(workers)
     units = None
     if runner is not None and ds.num_rows:
         units = ds.work_units(batch_rows)

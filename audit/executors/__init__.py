@@ -1,6 +1,6 @@
 """Scan executors: where a scan's units run (``dqa.audit.scan_workers``' ``UnitTask``s).
 
-An executor (``UnitRunner``) runs every unit with ``scan_workers.scan_unit``, leaves each unit's parts at its
+``scan_parts`` picks the executor from the scan's options and runs the pass on it. An executor (``UnitRunner``) runs every unit with ``scan_workers.scan_unit``, leaves each unit's parts at its
 task's ``pair`` paths in the scan's local work folder, and yields the units' ``UnitDone``s in unit order. The merge
 of the parts (reading them back, the set-level counts, the format check) is ``scan_workers.scan_parts``', shared
 by every executor: an executor decides only where the units run.
@@ -12,7 +12,11 @@ by every executor: an executor decides only where the units run.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterator, Protocol
+import contextlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
+
+from dqa.audit import scan_workers
 
 if TYPE_CHECKING:
     from dqa.audit.kernels import KernelTables
@@ -32,3 +36,28 @@ class UnitRunner(Protocol):
         unit in order, ``RuntimeFailure`` for a unit that could not be scanned, and what ``started`` raises; the
         units still running are stopped then, and when the caller stops iterating."""
         ...
+
+
+def scan_parts(ds: "Dataset", tables: "KernelTables", work: Path, batch_rows: int,
+               progress: "scan_workers.ProgressFn | None", workers: int, ray: str | None = None,
+               meanwhile: Callable[[], None] | None = None) -> tuple[Any, Any, int, int]:
+    """The scan's kernel pass (``scan_workers.scan_parts``, which returns ``(metrics, turns, rows, tokens)``) with
+    its units on Ray when ``ray`` names a cluster (``ray_tasks.connect``: auto, local, an address; with ``local``,
+    ``workers`` is the local cluster's CPUs), else on a pool of ``workers`` processes when that is more than one,
+    else in this process. Raises what ``scan_workers.scan_parts`` raises, and ``InputError`` when the Ray cluster
+    cannot be reached (before any unit runs)."""
+    with _runner(ray, workers) as runner:
+        return scan_workers.scan_parts(ds, tables, work, batch_rows, progress, meanwhile, runner)
+
+
+def _runner(ray: str | None, workers: int) -> Any:
+    """A context holding the ``UnitRunner`` (None: this process)."""
+    if ray is not None:
+        from dqa.audit.executors.ray_tasks import connect
+
+        return connect(ray, workers)
+    if workers > 1:
+        from dqa.audit.executors.processes import ProcessUnits
+
+        return contextlib.nullcontext(ProcessUnits(workers))
+    return contextlib.nullcontext(None)

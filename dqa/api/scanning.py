@@ -105,10 +105,12 @@ def scan(
     ``progress(rows, tokens)`` is called as batches finish; ``on_start(total rows or None)`` once,
     before the first. ``options``: ``ScanOptions`` fields: ``ids_column``, ``mask_column``,
     ``labels_column``, ``id_column``, ``thinking`` (auto, expected, off), ``batch_rows``,
-    ``last_turn_only``, ``workers``.
+    ``last_turn_only``, ``workers``, ``ray`` (run the units as Ray tasks: ``"auto"``, ``"local"`` or a
+    cluster address, as ``dqa scan --ray``; a connection made with ``ray.init`` beforehand is used as it is).
 
     Raises ``InputError`` (``UsageError``) for a bad option, a missing or malformed dataset, an
-    unknown check, a folder holding another dataset's scan, or data that is no table;
+    unknown check, a folder holding another dataset's scan, data that is no table, or a Ray cluster
+    that cannot be reached; ``RuntimeFailure`` when a unit cannot be scanned;
     ``TypeError`` for an unknown option; ``OSError`` when the scan folder cannot be written.
     """
     from dqa.api.inputs import in_memory_table

@@ -60,6 +60,7 @@ def scan(
     max_fail_share: float = typer.Option(0.0, help="Exit 1 when the failing share exceeds this (0..1)."),
     batch_rows: int = typer.Option(DEFAULT_BATCH_ROWS, help="Rows per streamed batch (memory is bounded by the batch)."),
     workers: int = typer.Option(0, "--workers", "-j", help="Processes that scan parquet row groups or files in parallel; 0 (the default): the CPUs this process may run on (its affinity: taskset -c 0 means 1). Findings are the same for every N; formats that cannot be cut without reading them (JSONL, Arrow streams, conversations) and sets of one batch use one. Each worker holds a batch in memory; one that dies (out of memory) fails the scan with exit 3."),
+    ray: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS", show_default=False, help="Scan the units as Ray tasks on a cluster (pip install 'dqa\\[ray]'): --ray auto: RAY_ADDRESS, else the cluster running on this machine; --ray local: start one here (--workers CPUs, 127.0.0.1 only) for this scan; --ray HOST:PORT or ray://HOST:PORT. Each task reads its rows on its own node, so DATASET must be a URL or a path every node sees; the findings are those of --workers N."),
     last_turn_only: bool = typer.Option(False, "--last-turn-only", help="Conversation JSONL: train only the last assistant turn (SpecForge's train_only_last_turn; default: every assistant turn)."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout instead of the table."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No table, no progress; exit code only."),
@@ -81,13 +82,14 @@ def scan(
         _list_checks()
         raise typer.Exit(EXIT_OK)
     code = _run(dataset, tokenizer, out, ids_column, mask_column, labels_column, id_column, thinking, checks, skip,
-                config, set_, max_fail_share, batch_rows, as_json, quiet, last_turn_only, workers, storage_option, report_to)
+                config, set_, max_fail_share, batch_rows, as_json, quiet, last_turn_only, workers, storage_option, report_to, ray)
     raise typer.Exit(code)
 
 
 @handles_errors
 def _run(dataset, tokenizer, out, ids_column, mask_column, labels_column, id_column, thinking, checks, skip, config,
-         set_, max_fail_share, batch_rows, as_json, quiet, last_turn_only=False, workers=0, storage_option=(), report_to=()) -> int:
+         set_, max_fail_share, batch_rows, as_json, quiet, last_turn_only=False, workers=0, storage_option=(), report_to=(),
+         ray=None) -> int:
     from dqa import api, storage
     from dqa.errors import UsageError
 
@@ -110,7 +112,7 @@ def _run(dataset, tokenizer, out, ids_column, mask_column, labels_column, id_col
         result = api.scan(dataset, tokenizer, out=out, checks=checks, skip=skip, config=config, thresholds=set_,
                           progress=update, on_start=on_start, ids_column=ids_column, mask_column=mask_column,
                           labels_column=labels_column, id_column=id_column, thinking=thinking, batch_rows=batch_rows,
-                          last_turn_only=last_turn_only, workers=workers)
+                          last_turn_only=last_turn_only, workers=workers, ray=ray)
     summary = result.summary
     if report_to:
         from dqa.reports.trackers.feed import report_scan

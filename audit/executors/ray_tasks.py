@@ -1,0 +1,175 @@
+"""``RayUnits``: a scan's units as Ray tasks on a cluster (``dqa scan --ray [ADDRESS]``).
+
+Each unit is one task of one CPU. The task opens its rows itself, on whatever node runs it (from the object
+store, or a path every node sees), scans them with ``scan_workers.scan_unit`` into parts on that node, and
+returns the parts' bytes: per-sample and per-turn metrics, lz4-compressed Arrow IPC, never token rows. The
+dataset handle and the kernel tables go into the cluster's object store once (``ray.put``), not with every task.
+This process takes each result as it is ready, writes its parts into the scan's work folder and drops its
+reference, so results do not pile up in the object store (nor spill); the merge is the one every executor
+shares (``scan_workers.scan_parts``).
+
+Faults:
+- a task whose worker process or node is lost is run again by Ray (``TASK_RETRIES`` times: Ray's task retries
+  for system failures), and its result is the same, since a unit's result depends only on its rows;
+- a unit that still fails, or raises, fails the scan: ``RuntimeFailure`` (exit 3) naming the unit and the cause,
+  after the units before it in dataset order (so the first bad unit is the one named); bad input in a unit is
+  the ``InputError`` it raised (exit 2); the other tasks are cancelled;
+- Ray not installed, or no cluster at the address: ``InputError`` (exit 2) with the fix, within seconds.
+
+Ray is imported only here, and only when a scan asks for it (the ``ray`` extra).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from dqa.audit.kernels import KernelTables
+from dqa.audit.readers import Dataset
+from dqa.audit.scan_workers import UnitDone, UnitTask, scan_unit
+from dqa.errors import InputError, RuntimeFailure
+
+TASK_RETRIES = 3  # Ray's retries of a task whose worker process or node died (its max_retries)
+CONNECT_TIMEOUT = 5.0  # seconds to reach a cluster's address before saying that nothing answers there
+INSTALL_HINT = "pip install 'dqa[ray]'"
+
+
+class RayUnits:
+    """A ``dqa.audit.executors.UnitRunner`` over a Ray cluster; use as a context manager (``connect``)."""
+
+    def __init__(self, ray: Any, slots: int, owns_connection: bool):
+        self._ray = ray
+        self.slots = slots
+        self._owns = owns_connection
+
+    def __enter__(self) -> "RayUnits":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Disconnect (and stop a cluster ``connect`` started) unless the connection was the caller's."""
+        if self._owns and self._ray.is_initialized():
+            self._ray.shutdown()
+
+    def results(self, ds: Dataset, tables: KernelTables, tasks: list[UnitTask],
+                started: Callable[[], None]) -> Iterator[UnitDone]:
+        """See ``dqa.audit.executors.UnitRunner.results``."""
+        ray = self._ray
+        shared = ray.put((ds, tables))
+        remote = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(scan_on_node)
+        pending = {remote.remote(shared, task): task for task in tasks}
+        done: dict[int, UnitDone] = {}
+        failed: dict[int, BaseException] = {}
+        following = 0  # the next unit to hand back, in unit order
+        try:
+            started()
+            while following < len(tasks):
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for ref in ready:
+                    task = pending.pop(ref)
+                    try:
+                        result = ray.get(ref)
+                    except Exception as exc:  # Ray's wrapping of the task's error or of a lost worker
+                        failed[task.k] = exc
+                    else:
+                        done[task.k] = _unpack(result, task)
+                    del ref
+                while following in done:
+                    yield done.pop(following)
+                    following += 1
+                if following in failed:
+                    raise _failure(failed[following], tasks[following], ray) from None
+        finally:
+            for ref in pending:
+                ray.cancel(ref, force=True)
+
+
+def scan_on_node(shared: tuple[Dataset, KernelTables], task: UnitTask) -> tuple[UnitDone, bytes, bytes]:
+    """The task: scan ``task``'s unit into parts in a temporary folder of this node; return its ``UnitDone`` and the
+    two parts' bytes (metrics, turns). Raises what ``scan_unit`` raises."""
+    ds, tables = shared
+    with tempfile.TemporaryDirectory(prefix="dqa-unit-") as tmp:
+        pair = (Path(tmp) / "metrics.arrow", Path(tmp) / "turns.arrow")
+        unit = scan_unit(task._replace(pair=pair, threads=False), ds, tables)
+        return unit, pair[0].read_bytes(), pair[1].read_bytes()
+
+
+def _unpack(result: tuple[UnitDone, bytes, bytes], task: UnitTask) -> UnitDone:
+    """Write a task's parts to the unit's paths in the work folder; return its ``UnitDone``."""
+    unit, metrics, turns = result
+    for path, data in zip(task.pair, (metrics, turns)):
+        path.write_bytes(data)
+    return unit
+
+
+def _failure(exc: BaseException, task: UnitTask, ray: Any) -> BaseException:
+    """What a unit's failure means for the scan: the ``InputError`` the unit raised, else a ``RuntimeFailure``
+    naming the unit and the cause."""
+    cause = getattr(exc, "cause", None)  # a RayTaskError: the task raised
+    if isinstance(cause, InputError):
+        return cause
+    where = f"{task.dataset}: scan unit {task.k} (rows {task.unit.start_row:,}-{task.unit.start_row + task.unit.rows - 1:,})"
+    if cause is not None:
+        return RuntimeFailure(f"{where} failed on the Ray cluster: {type(cause).__name__}: {_first_line(cause)}")
+    lost = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError)
+    if isinstance(exc, lost):
+        return RuntimeFailure(f"{where} failed {TASK_RETRIES + 1} times on the Ray cluster: its worker process or node "
+                              f"was lost each time ({type(exc).__name__}); see the cluster's logs (ray logs)")
+    return RuntimeFailure(f"{where} failed on the Ray cluster: {type(exc).__name__}: {_first_line(exc)}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else "(no message)"
+
+
+def connect(address: str, local_cpus: int) -> RayUnits:
+    """A ``RayUnits`` on the cluster at ``address``: ``auto`` (``RAY_ADDRESS``, else the cluster running on this
+    machine), ``local`` (start one here, of ``local_cpus`` CPUs, listening on 127.0.0.1 only, stopped with the
+    scan), or a cluster address (``HOST:PORT``, ``ray://HOST:PORT``). A Ray connection this process already holds
+    (``ray.init`` by the caller) is used as it is, whatever ``address`` says. Returns the runner, whose ``slots``
+    are the cluster's CPUs. Raises ``InputError`` when Ray is not installed or no cluster answers at the address."""
+    try:
+        import ray
+    except ImportError:
+        raise InputError(f"--ray: Ray is not installed; {INSTALL_HINT}") from None
+    if ray.is_initialized():
+        return RayUnits(ray, _cpus(ray), owns_connection=False)
+    quiet = {"logging_level": logging.ERROR, "include_dashboard": False, "configure_logging": True}
+    if address == "local":
+        ray.init(address="local", num_cpus=local_cpus, _node_ip_address="127.0.0.1", **quiet)
+        return RayUnits(ray, _cpus(ray), owns_connection=True)
+    target = os.environ.get("RAY_ADDRESS") if address == "auto" else address
+    if target:
+        _check_reachable(target, address)
+    try:
+        ray.init(address=target or "auto", **({} if (target or "").startswith("ray://") else quiet))
+    except ConnectionError as exc:
+        raise InputError(f"--ray {address}: no Ray cluster found ({_first_line(exc)}); start one (ray start --head), "
+                         "set RAY_ADDRESS, or use --ray local") from None
+    return RayUnits(ray, _cpus(ray), owns_connection=True)
+
+
+def _check_reachable(target: str, asked: str) -> None:
+    """Fail in seconds, not after Ray's minute of retries, when nothing listens at ``target`` (``HOST:PORT`` or
+    ``ray://HOST:PORT``). Raises ``InputError``."""
+    hostport = target.removeprefix("ray://").rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        raise InputError(f"--ray {asked}: expected auto, local, HOST:PORT or ray://HOST:PORT, got {target!r}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT).close()
+    except OSError as exc:
+        raise InputError(f"--ray {asked}: nothing answers at {hostport} ({exc.strerror or exc}); start the cluster "
+                         "(ray start --head), or check the address") from None
+
+
+def _cpus(ray: Any) -> int:
+    """The cluster's CPUs (at least 1): how many units run at once."""
+    return max(int(ray.cluster_resources().get("CPU", 1)), 1)
