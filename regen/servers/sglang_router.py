@@ -129,6 +129,7 @@ class RouterStatus:
     up: bool
     ready: bool
     process: str | None = None
+    gateway: dict[str, str] | None = None  # {"name", "version"} as the fleet file records it
     source: str = "none"
     workers: list[RouterWorker] = field(default_factory=list)
     retries_total: float | None = None
