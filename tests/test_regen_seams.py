@@ -58,10 +58,35 @@ def test_settle_caps_a_router_by_context_length_and_names_the_dropped_fields():
     router = facts_from(ROUTER_INFO, None)
     with pytest.raises(UsageError, match="--context-length"):
         settle("http://r", router, None, ("max_new_tokens",))  # never uncapped through a router
-    note = settle("http://r", router, 4096, ("max_new_tokens", "temperature", "not_a_sampling_key"))
+    sent = ("max_new_tokens", "temperature", "not_a_sampling_key")
+    # Its release as the fleet file that launched it records it: the table says what it passes on.
+    note = settle("http://r", router, 4096, sent, {"name": "sglang-router", "version": "0.3.2"})
     assert router.context_length == 4096 and router.router["context_from"] == "--context-length"
-    assert note is not None and "drops not_a_sampling_key" in note
+    assert note is not None and "(sglang-router 0.3.2) drops not_a_sampling_key" in note
     assert router.router["sampling_fields"] == {"max_new_tokens": "applied", "temperature": "applied", "not_a_sampling_key": "dropped"}
+    assert (router.router["release"], router.router["release_from"]) == ("0.3.2", "fleet file")
+
+
+@pytest.mark.parametrize("declared", [None, {"name": "smg", "version": "1.13.0"}, {"name": "sglang-router", "version": "0.9.9"}])
+def test_a_gateway_release_that_is_not_known_or_not_in_the_table_records_every_field_unknown(declared):
+    """Not said (``-e URL``: neither gateway tells its release over HTTP), a fleet file naming
+    another gateway than the one that answers, or a release the table does not hold: unknown,
+    never a guess."""
+    router = facts_from(ROUTER_INFO, None)
+    note = settle("http://r", router, 4096, ("max_new_tokens", "not_a_sampling_key"), declared)
+    assert router.router["sampling_fields"] == {"max_new_tokens": "unknown", "not_a_sampling_key": "unknown"}
+    assert router.router["release"] == (declared["version"] if declared and declared["name"] == "sglang-router" else None)
+    assert note is not None and "which sampling fields it passes on is not known" in note
+
+
+def test_smg_is_recognised_by_its_own_404_on_server_info_not_by_the_worker_reply_it_passes_on():
+    """smg 1.13.0 answers /get_server_info with ONE worker's reply; its /server_info is a 404
+    with its error code unknown_url (both as the real smg printed them)."""
+    worker_info = {"version": "0.5.23", "context_length": 2048, "port": 46349}
+    missing = {"error": {"type": "invalid_request_error", "code": "unknown_url", "message": "Invalid URL (GET /server_info)"}}
+    f = facts_from(worker_info, None, missing)
+    assert f.retries_itself and f.router["gateway"] == "smg" and f.context_length is None and f.version is None
+    assert facts_from(worker_info, None, {"detail": "Not Found"}).router is None  # an older SGLang's 404
     plain = facts_from({"version": "0.5.23", "context_length": 8192}, None)
     assert settle("http://s", plain, 4096, ("max_new_tokens",)) is None and plain.context_length == 4096
 

@@ -75,11 +75,12 @@ def up(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the exact commands (a bash script) and start nothing. The model folder need not be on this machine (a note says what was assumed without it)."),
     force: bool = typer.Option(False, "--force", help="Overwrite a --fleet file that cannot be read as a fleet file (by default dqa refuses)."),
     router: bool = typer.Option(
-        False, "--router", help="Start sglang-router (pip install sglang-router==0.3.2) in front of the SGLang servers once they are healthy (refused with --engine transformers): Prometheus port on, --tokenizer-path the model folder, the regen circuit-breaker settings. Its URL goes in the fleet file; `dqa regen --fleet` sends to it."
+        False, "--router", help="Start SGLang's gateway in front of the SGLang servers once they are healthy: `smg launch` (pip install smg==1.13.0) when smg is installed, else sglang-router (pip install sglang-router==0.3.2); it says which (refused with --engine transformers): Prometheus port on, --tokenizer-path the model folder, the regen circuit-breaker settings. Its URL goes in the fleet file; `dqa regen --fleet` sends to it."
     ),
     router_policy: str = typer.Option(DEFAULT_ROUTER_POLICY, "--router-policy", help="With --router: cache_aware, round_robin, power_of_two or random."),
     router_port: int = typer.Option(DEFAULT_ROUTER_PORT, "--router-port", help="With --router: its port (0: a free one). Its metrics port is always a free one."),
     router_timeout: float = typer.Option(DEFAULT_ROUTER_TIMEOUT, "--router-timeout", help="With --router: seconds for it to see a healthy worker."),
+    router_gateway: str = typer.Option("auto", "--router-gateway", help="With --router: auto (smg when installed, else sglang-router), smg or sglang-router."),
     json_out: bool = typer.Option(False, "--json", help="Print the fleet file on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success (errors still go to stderr)."),
     extra: Optional[List[str]] = typer.Argument(
@@ -99,7 +100,7 @@ def up(
 
       dqa fleet up --model ./tiny --gpus 0-1 --engine transformers --port-base 18000 --env OMP_NUM_THREADS=1
 
-      dqa fleet up --model /dev/shm/Qwen3.6-27B --gpus 0-6 --router    # sglang-router in front, cache_aware
+      dqa fleet up --model /dev/shm/Qwen3.6-27B --gpus 0-6 --router    # smg (else sglang-router) in front, cache_aware
     """
     import json
 
@@ -135,6 +136,7 @@ def up(
         router_policy=router_policy,
         router_port=router_port,
         router_timeout=router_timeout,
+        router_gateway=router_gateway,
     )
     if dry_run:
         prepared = prepare_launch(spec, dry_run=True)

@@ -130,7 +130,7 @@ def probe_servers(t: Timeouts, link, log: Callable[[str], None]) -> dict[str, Se
                                      transport=link.transport))
     for u, f in facts.items():
         if f is not None:
-            note = settle(strip_userinfo(u), f, link.settings.context_length, link.protocol.sampling_keys)
+            note = settle(strip_userinfo(u), f, link.settings.context_length, link.protocol.sampling_keys, s.declared.get(u))
             if note:
                 log(note)
     link.protocol.use_facts(facts)  # e.g. openai: the token-exact chat route where the probe found it (issue 11, item 2)

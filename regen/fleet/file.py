@@ -9,9 +9,11 @@ read it. Format (FORMATS.md, "Fleet file")::
                     "log": "logs/gpu0.log", "host": "10.0.0.5", "cmd": ["python", "..."],
                     "port": 30000, "started": 1796024085.12}]}
 
-With `dqa fleet up --router` the file also has ``"router": {"url", "metrics_url", "pid", "started",
-"log", "host", "port", "cmd"}`` (``Fleet.router``, an ``Endpoint``); `regen --fleet` then sends
-to its URL (``Fleet.send_urls``).
+With `dqa fleet up --router` the file also has ``"router": {"url", "metrics_url", "gateway", "pid",
+"started", "log", "host", "port", "cmd"}`` (``Fleet.router``, an ``Endpoint``; ``gateway`` is
+``{"name": "smg" | "sglang-router", "version": "1.13.0"}``, the package it started); `regen
+--fleet` then sends to its URL (``Fleet.send_urls``) and takes the gateway's release from there
+(``FleetSet.declared``: the gateway does not say it over HTTP).
 
 ``started`` (the process start time, seconds since the epoch) lets `fleet down` check that a
 recorded pid still is the process `fleet up` started before it signals it. A relative ``log``
@@ -58,6 +60,7 @@ class Endpoint:
     port: int | None = None
     started: float | None = None
     metrics_url: str | None = None  # the router's Prometheus port (only on the fleet's "router")
+    gateway: dict[str, str] | None = None  # the router's package and release: {"name", "version"} (only on "router")
 
 
 @dataclass
@@ -235,10 +238,14 @@ def parse_router(raw: Any, path: Path) -> Endpoint | None:
         raise _bad(path, "router.started must be a number")
     if not isinstance(cmd, list) or not all(isinstance(a, str) for a in cmd):
         raise _bad(path, "router.cmd must be a list of strings")
+    gateway = raw.get("gateway")
+    if gateway is not None and (not isinstance(gateway, dict) or not all(isinstance(gateway.get(k), str) for k in ("name", "version"))):
+        raise _bad(path, 'router.gateway must be {"name": ..., "version": ...} (strings)')
     return Endpoint(
         url=raw["url"].rstrip("/"), pid=pid, log=raw.get("log"), host=raw.get("host"), cmd=list(cmd),
         port=port if isinstance(port, int) else None, started=None if started is None else float(started),
         metrics_url=None if raw.get("metrics_url") is None else raw["metrics_url"].rstrip("/"),
+        gateway=None if gateway is None else {"name": gateway["name"], "version": gateway["version"]},
     )
 
 
@@ -279,6 +286,12 @@ class FleetSet:
     def send_urls(self) -> list[str]:
         """Where `dqa regen --fleet` sends: each fleet's router, or its endpoints where it has none."""
         return [u for f in self.fleets for u in f.send_urls]
+
+    @property
+    def declared(self) -> dict[str, dict[str, str]]:
+        """``{URL: {"name": ..., "version": ...}}``: what the files record of the server behind a
+        URL they send to that it cannot say itself over HTTP (a router's package and release)."""
+        return {f.router.url: dict(f.router.gateway) for f in self.fleets if f.router is not None and f.router.gateway}
 
     @property
     def gpu_count(self) -> int:

@@ -1,8 +1,12 @@
-"""`dqa fleet up --router`: the real SGLang router (PyPI ``sglang-router``, a Rust process) in
-front of the servers a fleet launched, and what `dqa fleet status` reads from it.
+"""`dqa fleet up --router`: SGLang's real gateway (a Rust process) in front of the servers a fleet
+launched, and what `dqa fleet status` reads from it.
 
-``router_command`` builds ``python -m sglang_router.launch_router`` with the policy (``cache_aware``
-by default), the Prometheus port on, ``--tokenizer-path`` the model folder (so it never reaches
+``find_gateway`` picks the package: the Shepherd Model Gateway (PyPI ``smg``, run as ``python -m
+smg launch``, the ``smg launch`` of dqa's own Python) when it is installed, else sglang-router
+(``python -m sglang_router.launch_router``); ``--router-gateway`` names one. Not the ``smg`` on
+PATH: sglang-router 0.3.2 installs an ``smg`` script of its own, so that name says nothing of which
+package answers. Both take the same flags. ``router_command`` builds the command with the policy
+(``cache_aware`` by default), the Prometheus port on, ``--tokenizer-path`` the model folder (so it never reaches
 for the network) and ``config.ROUTER_REGEN_FLAGS`` (the request timeout and circuit-breaker
 settings README "Through the SGLang router" recommends). The router takes no port 0, so its ports
 are found by binding port 0 here and handing the number on (``free_port``). ``start_router`` runs
@@ -29,28 +33,68 @@ from typing import Sequence
 from dqa.errors import RuntimeFailure, UsageError
 from dqa.regen.config import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES, ROUTER_REGEN_FLAGS
 from dqa.regen.fleet.file import Endpoint, Fleet
-from dqa.regen.servers.sglang_router import RouterStatus, parse_metrics
+from dqa.regen.servers.sglang_router import GATEWAYS, SGLANG_ROUTER, SMG, RouterStatus, parse_metrics
 from dqa.regen.wire.http_probe import answers_ok, http_get
 
-ROUTER_MODULE = "sglang_router.launch_router"
+AUTO = "auto"
+# {gateway: (its importable module, the arguments after `python` that launch it)}
+LAUNCHERS = {SMG: ("smg", ("-m", "smg", "launch")), SGLANG_ROUTER: ("sglang_router", ("-m", "sglang_router.launch_router"))}
+INSTALL = "pip install smg==1.13.0 (or sglang-router==0.3.2)"
 
 
-def check_router(policy: str, tokenizer: str, port: int = 0) -> None:
-    """Raise ``UsageError`` for an unknown ``policy``, a ``port`` outside 0-65535, a ``tokenizer``
-    that is not a local folder (the router would reach for the network), or a Python without the
-    sglang-router package."""
+@dataclass(frozen=True)
+class Gateway:
+    """The gateway package `fleet up --router` starts: ``name`` (``smg`` | ``sglang-router``), its
+    installed ``version`` and the ``launch`` arguments after the Python."""
+
+    name: str
+    version: str
+    launch: tuple[str, ...]
+
+    def record(self) -> dict[str, str]:
+        """What the fleet file's ``router.gateway`` holds."""
+        return {"name": self.name, "version": self.version}
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken install, or blocked in sys.modules
+        return False
+
+
+def find_gateway(choice: str = AUTO) -> Gateway:
+    """The gateway to start: ``choice`` (``auto``: smg when installed for this Python, else
+    sglang-router). Returns its ``Gateway``; raises ``UsageError`` for an unknown choice or when
+    the package is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    if choice != AUTO and choice not in LAUNCHERS:
+        raise UsageError(f"--router-gateway {choice!r}: expected {AUTO}, {' or '.join(GATEWAYS)}")
+    names = GATEWAYS if choice == AUTO else (choice,)
+    for name in names:
+        module, launch = LAUNCHERS[name]
+        if _installed(module):
+            try:
+                release = version(name)
+            except PackageNotFoundError:
+                release = "unknown"
+            return Gateway(name, release, launch)
+    which = "neither smg nor sglang-router is" if choice == AUTO else f"the {choice} package is not"
+    raise UsageError(f"--router: {which} installed for {sys.executable} ({INSTALL if choice == AUTO else f'pip install {choice}'})")
+
+
+def check_router(policy: str, tokenizer: str, port: int = 0, gateway: str = AUTO) -> Gateway:
+    """The gateway `fleet up --router` will start (``find_gateway``). Raises ``UsageError`` for an
+    unknown ``policy``, a ``port`` outside 0-65535, a ``tokenizer`` that is not a local folder (the
+    router would reach for the network), or no gateway package installed for this Python."""
     if not 0 <= port <= 65535:
         raise UsageError(f"--router-port {port}: expected 0 (a free port) to 65535")
     if policy not in ROUTER_POLICIES:
         raise UsageError(f"--router-policy {policy!r}: expected one of {', '.join(ROUTER_POLICIES)}")
     if not Path(tokenizer).is_dir():
         raise UsageError(f"--router needs the model as a local folder (its tokenizer); {tokenizer} is not one")
-    try:
-        found = importlib.util.find_spec("sglang_router") is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        raise UsageError(f"--router: the sglang-router package is not installed for {sys.executable} (pip install sglang-router==0.3.2)")
+    return find_gateway(gateway)
 
 
 def free_port(host: str) -> int:
@@ -63,7 +107,7 @@ def free_port(host: str) -> int:
 
 @dataclass(frozen=True)
 class RouterCommand:
-    """The router's argument list, its URLs and its log."""
+    """The router's argument list, its URLs, its log and the gateway it starts."""
 
     argv: list[str]
     url: str
@@ -71,22 +115,24 @@ class RouterCommand:
     host: str
     port: int
     log: Path
+    gateway: Gateway
 
 
-def router_command(workers: Sequence[str], tokenizer: str, log_dir: Path, bind_host: str, url_host: str,
+def router_command(workers: Sequence[str], tokenizer: str, log_dir: Path, bind_host: str, url_host: str, gateway: Gateway,
                    policy: str = DEFAULT_ROUTER_POLICY, port: int = 0, metrics_port: int = 0) -> RouterCommand:
-    """The command that starts the router in front of ``workers`` (base URLs), bound on
+    """The command that starts ``gateway`` in front of ``workers`` (base URLs), bound on
     ``bind_host`` and reached as ``url_host``; ``port``/``metrics_port`` 0: a free one each."""
     port = port or free_port(bind_host)
     metrics_port = metrics_port or free_port(bind_host)
     while metrics_port == port:
         metrics_port = free_port(bind_host)
-    argv = [sys.executable, "-m", ROUTER_MODULE, "--host", bind_host, "--port", str(port),
+    argv = [sys.executable, *gateway.launch, "--host", bind_host, "--port", str(port),
             "--worker-urls", *workers, "--policy", policy,
             "--prometheus-host", bind_host, "--prometheus-port", str(metrics_port),
             "--tokenizer-path", str(tokenizer), *ROUTER_REGEN_FLAGS]  # fmt: skip
     host = f"[{url_host}]" if ":" in url_host else url_host
-    return RouterCommand(argv, f"http://{host}:{port}", f"http://{host}:{metrics_port}", url_host, port, Path(log_dir) / "router.log")
+    return RouterCommand(argv, f"http://{host}:{port}", f"http://{host}:{metrics_port}", url_host, port,
+                         Path(log_dir) / "router.log", gateway)
 
 
 def start_router(cmd: RouterCommand) -> tuple[subprocess.Popen, Endpoint]:
@@ -109,7 +155,7 @@ def start_router(cmd: RouterCommand) -> tuple[subprocess.Popen, Endpoint]:
     except psutil.Error:
         started = time.time()
     ep = Endpoint(url=cmd.url, pid=proc.pid, log=str(cmd.log.resolve()), host=cmd.host, cmd=list(cmd.argv),
-                  port=cmd.port, started=started, metrics_url=cmd.metrics_url)  # fmt: skip
+                  port=cmd.port, started=started, metrics_url=cmd.metrics_url, gateway=cmd.gateway.record())  # fmt: skip
     return proc, ep
 
 
@@ -153,4 +199,6 @@ def fleet_router_status(fleet: Fleet, timeout: float) -> RouterStatus | None:
     process = None
     if ep.pid is not None and is_local_host(ep.host):
         process = "running" if verify_process(ep)[0] is not None else "not running"
-    return router_status(ep, timeout, process)
+    st = router_status(ep, timeout, process)
+    st.gateway = ep.gateway
+    return st

@@ -43,8 +43,8 @@ class FleetSpec:
     Python; ``log_dir`` ``None`` is ``<fleet file name>-logs/`` next to the fleet file
     (``fleet-logs/`` for ``fleet.json``; ``node-a-logs/`` for ``node-a.json``, so fleets of several
     nodes with their files in one shared folder keep their logs apart); ``extra`` goes to every
-    server unchanged. ``router`` starts sglang-router in front of the servers once they are
-    healthy (``router_policy``; ``router_port`` 0: a free port; ``router_timeout`` seconds for it
+    server unchanged. ``router`` starts SGLang's gateway in front of the servers once they are
+    healthy (``router_gateway``: ``auto`` is smg when installed, else sglang-router; ``router_policy``; ``router_port`` 0: a free port; ``router_timeout`` seconds for it
     to see a healthy worker).
     """
 
@@ -72,6 +72,7 @@ class FleetSpec:
     router_policy: str = DEFAULT_ROUTER_POLICY
     router_port: int = DEFAULT_ROUTER_PORT
     router_timeout: float = DEFAULT_ROUTER_TIMEOUT
+    router_gateway: str = "auto"  # auto (smg when installed, else sglang-router) | smg | sglang-router
 
     def checked(self) -> FleetSpec:
         """This spec with each field in one shape: ``gpus`` a tuple of ids, ``env`` a dict,

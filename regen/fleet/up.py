@@ -130,7 +130,7 @@ def prepare_launch(spec: FleetSpec, dry_run: bool = False) -> PreparedLaunch:
     Raises ``UsageError`` for what ``FleetSpec.checked`` refuses (an unknown engine, a malformed
     GPU list or ``--env`` item, engine options the kind refuses: SGLang's ``--mtp`` or
     ``--deterministic`` with another engine, a bad Mamba mode or release number), ``router`` with
-    an engine sglang-router cannot front (``ServerKind.no_router``: transformers), a bad port
+    an engine the SGLang gateway cannot front (``ServerKind.no_router``: transformers), a bad port
     range, and ``stage`` with a model folder that does not exist (allowed with ``dry_run``: then
     ``notes`` say what was decided without it).
     """
@@ -208,7 +208,7 @@ def _sigterm_as_interrupt():
 
 def launch_fleet(spec: FleetSpec, events: LaunchEvents | None = None) -> LaunchResult:
     """Start one server per GPU, write the fleet file, and wait until every server is healthy;
-    with ``spec.router``, then start sglang-router in front of them (``fleet.router``), record it in
+    with ``spec.router``, then start the SGLang gateway (smg, else sglang-router) in front of them (``fleet.router``), record it in
     the fleet file and wait until it sees a healthy worker.
 
     The fleet file is written before the wait, so `dqa fleet down` can stop the servers even if
@@ -220,7 +220,7 @@ def launch_fleet(spec: FleetSpec, events: LaunchEvents | None = None) -> LaunchR
     naming the GPU and log of a server that exited or timed out; ``RuntimeFailure`` when
     interrupted while waiting, or when the router exits or is not ready in time (servers and
     router stopped). ``--router`` with a model that is not a local folder, an unknown policy, no
-    sglang-router package or an engine the router cannot front (transformers) is a ``UsageError``
+    gateway package (smg, sglang-router) or an engine the router cannot front (transformers) is a ``UsageError``
     before anything starts.
     """
     events = events or LaunchEvents()
@@ -229,7 +229,7 @@ def launch_fleet(spec: FleetSpec, events: LaunchEvents | None = None) -> LaunchR
     _refuse_to_overwrite(fleet, spec.force)
     if spec.router:  # refused before anything starts
         tokenizer = str(prepared.stage[0]) if prepared.stage is not None else prepared.launch.model
-        fr.check_router(spec.router_policy, tokenizer, spec.router_port)
+        gateway = fr.check_router(spec.router_policy, tokenizer, spec.router_port, spec.router_gateway)
 
     if prepared.stage is not None:
         src = prepared.stage[0]
@@ -257,7 +257,7 @@ def launch_fleet(spec: FleetSpec, events: LaunchEvents | None = None) -> LaunchR
             with events.waiting(len(servers), spec.engine) as on_progress:
                 fl.wait_healthy(servers, spec.engine, spec.timeout, on_progress=on_progress)
             if spec.router:
-                _start_router(prepared, record, fleet)
+                _start_router(prepared, record, fleet, gateway)
     except BaseException as exc:
         if isinstance(exc, fl.ServerFailed):
             events.server_failed(exc.gpu, exc.log, log_tail(exc.log))
@@ -279,14 +279,14 @@ def launch_fleet(spec: FleetSpec, events: LaunchEvents | None = None) -> LaunchR
     return LaunchResult(fleet_path=fleet, record=record, elapsed_s=time.monotonic() - t0)
 
 
-def _start_router(prepared: PreparedLaunch, record: ff.Fleet, fleet: Path):
-    """Start sglang-router in front of ``record``'s servers (healthy by now), record it in the
+def _start_router(prepared: PreparedLaunch, record: ff.Fleet, fleet: Path, gateway: "fr.Gateway"):
+    """Start ``gateway`` (smg or sglang-router) in front of ``record``'s servers (healthy by now), record it in the
     fleet file before waiting (so `fleet down` can stop it), and wait until it sees a healthy
     worker; on a failure (or Ctrl-C) the router is stopped again before the error goes on. Returns
     its process. Raises ``RuntimeFailure`` when it exits or is not ready in time."""
     spec, launch = prepared.spec, prepared.launch
     url_host = fl.advertised_host(spec.host, spec.advertise_host)
-    cmd = fr.router_command(record.urls, launch.model, Path(launch.log_dir), spec.host, url_host,
+    cmd = fr.router_command(record.urls, launch.model, Path(launch.log_dir), spec.host, url_host, gateway,
                             policy=spec.router_policy, port=spec.router_port)  # fmt: skip
     proc, record.router = fr.start_router(cmd)
     try:

@@ -55,9 +55,11 @@ class ServerFacts:
     complete: bool = False  # the server answered the info requests (not still starting)
     # openai protocol: the chat route takes input_ids and returns response_token_ids (None: not known)
     token_ids: bool | None = None
-    # An SGLang router (sglang-router) in front of workers: what dqa learnt through it (None: not a
-    # router). Keys: release_assumed, workers (their URLs), workers_answered, context_from
-    # ("workers" | "--context-length" | null), sampling_fields ({key: "applied" | "dropped"}).
+    # An SGLang gateway (sglang-router or smg) in front of workers: what dqa learnt through it (None:
+    # not one). Keys: gateway ("sglang-router" | "smg"), release (null: not known; from the fleet
+    # file that launched it), release_from ("fleet file" | null), workers (their URLs),
+    # workers_answered, context_from ("workers" | "--context-length" | null), sampling_fields
+    # ({key: "applied" | "dropped" | "unknown"}).
     router: dict[str, Any] | None = None
 
     @property
@@ -114,15 +116,19 @@ class ServerFacts:
         }
 
 
-def facts_from(server_info: Any, models: Any) -> ServerFacts:
-    """``ServerFacts`` from the parsed ``/server_info`` and ``/v1/models`` replies (either may be None)."""
+def facts_from(server_info: Any, models: Any, missing_info: Any = None) -> ServerFacts:
+    """``ServerFacts`` from the parsed ``/server_info`` (else ``/get_server_info``) and
+    ``/v1/models`` replies (either may be None); ``missing_info`` is the parsed body of a 404 to
+    ``/server_info`` (how smg is recognised)."""
     f = ServerFacts()
-    if router.is_router(server_info):
-        # The router's own object: no version, context length or speculative settings; those are
-        # the workers' (``discover`` asks them). Its requests are SGLang's.
+    gateway = router.gateway_of(server_info, missing_info)
+    if gateway is not None:
+        # A gateway: its info reply is its own object (sglang-router) or one worker's (smg); the
+        # version, context length and speculative settings that count are every worker's
+        # (``discover`` asks them). Its requests are SGLang's.
         f.kind = SGLANG
-        f.router = {"release_assumed": router.RELEASE, "workers": [], "workers_answered": 0, "context_from": None,
-                    "sampling_fields": None}
+        f.router = {"gateway": gateway, "release": None, "release_from": None, "workers": [], "workers_answered": 0,
+                    "context_from": None, "sampling_fields": None}
         server_info = None
     if isinstance(server_info, dict) and server_info:
         info = dict(server_info)
@@ -189,25 +195,35 @@ def with_context_length(f: ServerFacts, n: int | None) -> None:
             f.router["context_from"] = "--context-length"
 
 
-def settle(name: str, f: ServerFacts, context_length: int | None, sampling_keys: tuple[str, ...]) -> str | None:
+def settle(name: str, f: ServerFacts, context_length: int | None, sampling_keys: tuple[str, ...],
+           declared: dict[str, Any] | None = None) -> str | None:
     """What the start-up probe does with one reachable endpoint's facts ``f`` (in place; ``name``
     without credentials): apply ``--context-length`` (``with_context_length``), and for an SGLang
-    router record which of the ``sampling_keys`` sent it passes on (``router.sampling_fields``,
-    run.json's ``servers.<url>.router.sampling_fields``). Returns the log line naming the fields
-    dropped from every request, or None; raises ``UsageError`` for a router whose context length
-    is not known (``unknown_context``: never uncapped through a router, whose circuit breaker
-    counts the 400s)."""
+    gateway take its release from ``declared`` (what the fleet file that launched it recorded,
+    ``{"name": ..., "version": ...}``; used only when it names the gateway found) and record which
+    of the ``sampling_keys`` sent it passes on (``router.sampling_fields``, run.json's
+    ``servers.<url>.router.sampling_fields``). Returns the log line naming the fields dropped from
+    every request (or why that is not known), or None; raises ``UsageError`` for a gateway whose
+    context length is not known (``unknown_context``: never uncapped through a gateway, whose
+    circuit breaker counts the 400s)."""
     with_context_length(f, context_length)
     refused = unknown_context(name, f)
     if refused:
         raise UsageError(refused)
-    if f.router is None:
+    r = f.router
+    if r is None:
         return None
-    f.router["sampling_fields"] = fields = router.sampling_fields(sampling_keys)
+    if isinstance(declared, dict) and declared.get("name") == r["gateway"] and isinstance(declared.get("version"), str):
+        r["release"], r["release_from"] = declared["version"], "fleet file"
+    r["sampling_fields"] = fields = router.sampling_fields(sampling_keys, r["gateway"], r["release"])
+    which = f"{r['gateway']} {r['release'] or '(release not known)'}"
+    if any(v == router.UNKNOWN for v in fields.values()):
+        return (f"{name}: the SGLang gateway is {which}; which sampling fields it passes on is not known for it "
+                "(run.json: servers.router.sampling_fields unknown; `dqa fleet up --router` records the release)")
     dropped = sorted(k for k, v in fields.items() if v == router.DROPPED)
     if not dropped:
         return None
-    return f"{name}: the SGLang router drops {', '.join(dropped)} from every request (run.json: servers.router.sampling_fields)"
+    return f"{name}: the SGLang gateway ({which}) drops {', '.join(dropped)} from every request (run.json: servers.router.sampling_fields)"
 
 
 def unknown_context(name: str, f: ServerFacts) -> str | None:
@@ -229,13 +245,14 @@ def unknown_context(name: str, f: ServerFacts) -> str | None:
             "pass --context-length N (the workers' --context-length; less their speculative reserve when they use one)")
 
 
-async def _get_json(transport: Transport, url: str, timeout: float) -> tuple[int | None, Any]:
-    """(status, parsed JSON or None); status None when nothing answered."""
+async def _get_json(transport: Transport, url: str, timeout: float, any_status: bool = False) -> tuple[int | None, Any]:
+    """(status, parsed JSON or None); status None when nothing answered. The body of a reply
+    other than 200 is parsed only with ``any_status``."""
     try:
         status, raw = await transport.request("GET", url, timeout=timeout)
     except TransportError:
         return None, None
-    if status != 200:
+    if status != 200 and not any_status:
         return status, None
     try:
         return status, json.loads(raw)
@@ -244,18 +261,17 @@ async def _get_json(transport: Transport, url: str, timeout: float) -> tuple[int
 
 
 async def discover(transport: Transport, url: str, timeout: float, ask_workers: bool = True) -> ServerFacts:
-    """Ask one endpoint (base URL) what it is: ``/server_info`` (``/get_server_info``) and
-    ``/v1/models``, each answering within ``timeout`` seconds; for an SGLang router (with
+    """Ask one endpoint (base URL) what it is: ``/server_info``, falling back to
+    ``/get_server_info`` (older SGLang, sglang-router) when that is not a JSON object, and
+    ``/v1/models``, each answering within ``timeout`` seconds; for an SGLang gateway (with
     ``ask_workers``), also the workers ``GET /workers`` lists, all at once (``through_router``).
     Never raises for server behaviour."""
-    info = None
-    for path in ("/server_info", "/get_server_info"):
-        status, obj = await _get_json(transport, url + path, timeout)
-        if isinstance(obj, dict):
-            info = obj
-            break
+    status, info = await _get_json(transport, url + "/server_info", timeout, any_status=True)
+    missing = info if status == 404 else None
+    if status != 200 or not isinstance(info, dict):
+        _, info = await _get_json(transport, url + "/get_server_info", timeout)
     _, models = await _get_json(transport, url + "/v1/models", timeout)
-    f = facts_from(info, models)
+    f = facts_from(info if isinstance(info, dict) else None, models, missing)
     if f.router is not None and ask_workers:
         # A router answers for itself: the facts that matter are its workers'.
         _, listing = await _get_json(transport, url + "/workers", timeout)
@@ -299,7 +315,8 @@ def describe(name: str, f: ServerFacts) -> str:
         parts.append(f"speculative reserve {f.reserve}")
     if f.router is not None:
         r = f.router
-        parts.append(f"through an SGLang router ({r['workers_answered']} of {len(r['workers'])} workers answered"
+        parts.append(f"through an SGLang router ({r['gateway']} {r['release'] or '(release not known)'}; "
+                     f"{r['workers_answered']} of {len(r['workers'])} workers answered"
                      + (f"; context from {r['context_from']}" if r["context_from"] else "") + ")")
     if f.token_ids is not None:
         parts.append("chat route token-exact (input_ids, response_token_ids)" if f.token_ids else "chat route text (rendered back into tokens)")

@@ -1,26 +1,31 @@
-"""SGLang's router (PyPI ``sglang-router``, the "SGLang Model Gateway"; a Rust process) in front
-of SGLang workers: how dqa recognises one and what it does to a ``/generate`` request (see
-docs/sglang.md, "The SGLang router").
+"""SGLang's gateway in front of SGLang workers, in either of its two packages: sglang-router (PyPI
+``sglang-router``, "SGLang Model Gateway", last release 0.3.2) and the Shepherd Model Gateway
+(PyPI ``smg``, its successor, ``smg launch``). How dqa recognises one and what it does to a
+``/generate`` request (see docs/sglang.md, "The SGLang router").
 
-- Recognised by ``GET /get_server_info`` answering ``{"router_manager": true, ...}`` (its own
-  object: no version, no context length); ``/server_info`` is a 404 there and its ``/v1/models``
-  has no ``max_model_len``. What the workers are is asked of the workers themselves: ``GET
-  /workers`` lists them (``{"workers": [{"url": ..., "is_healthy": ...}, ...]}``).
-- It rewrites request bodies: unknown top-level fields and unknown ``sampling_params`` keys are
-  dropped before the request reaches a worker. ``PASSED_SAMPLING_PARAMS`` are the keys 0.3.2
-  passes on (observed by sending every SGLang sampling key through it to a worker that records
-  bodies; ``tests/test_regen_router.py`` checks the table against the installed router), so
-  run.json can say per field dqa sends whether it was ``applied`` or ``dropped``.
-
-- Its metrics (Prometheus, on its own port): per worker health (``smg_worker_health``), circuit
-  state (``smg_worker_cb_state``: 0 closed, 1 open, 2 half open) and requests in flight, the
-  router's retries (``smg_worker_retries_total``, ``smg_worker_retries_exhausted_total``) and
-  upstream replies by status code (``smg_router_upstream_responses_total``): the names the 0.3.2
-  router exposes, read by ``parse_metrics`` into a ``RouterStatus`` (`dqa fleet status`).
-- Its 503 ``no_available_workers`` (``says_no_workers``), which ``servers.facts.ServerFacts.no_capacity``
+- Recognised (``gateway_of``) by ``GET /get_server_info`` answering ``{"router_manager": true,
+  ...}`` (sglang-router: its own object, no version, no context length), or by ``GET
+  /server_info`` answering 404 with smg's own error code ``unknown_url`` (smg 1.13.0 passes
+  ``/get_server_info`` on to ONE of its workers, so that reply says nothing of the others). Neither
+  says its own version over HTTP. What the workers are is asked of the workers themselves:
+  ``GET /workers`` lists them (``{"workers": [{"url": ..., "is_healthy": ...}, ...]}``, both).
+- Both rewrite request bodies: unknown top-level fields and unknown ``sampling_params`` keys are
+  dropped before the request reaches a worker. ``PASSED_SAMPLING_PARAMS`` holds, per gateway and
+  release, the keys it passes on (observed by sending each SGLang 0.5.23 sampling key through the
+  real gateway to a worker that records bodies; ``tests/test_gateways.py`` checks the table
+  against the installed gateways), so run.json can say per field dqa sends whether it was
+  ``applied`` or ``dropped``; a gateway or release the table does not hold gives ``unknown``
+  (``sampling_fields``), never a guess.
+- Their metrics (Prometheus, on their own port; the same names in both): per worker health
+  (``smg_worker_health``), circuit state (``smg_worker_cb_state``: 0 closed, 1 open, 2 half open)
+  and requests in flight (``smg_worker_requests_active``, sglang-router only), retries
+  (``smg_worker_retries_total``, ``smg_worker_retries_exhausted_total``) and upstream replies by
+  status code (``smg_router_upstream_responses_total``), read by ``parse_metrics`` into a
+  ``RouterStatus`` (`dqa fleet status`).
+- Their 503 ``no_available_workers`` (``says_no_workers``), which ``servers.facts.ServerFacts.no_capacity``
   turns into "send nothing there until its health answers".
 
-Nothing here does I/O; ``servers.facts.discover`` asks the router and its workers, and
+Nothing here does I/O; ``servers.facts.discover`` asks the gateway and its workers, and
 ``fleet.router`` launches and probes it.
 """
 
@@ -29,22 +34,46 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-RELEASE = "0.3.2"  # the sglang-router release the table below was read from
+SGLANG_ROUTER = "sglang-router"  # PyPI sglang-router: python -m sglang_router.launch_router
+SMG = "smg"  # PyPI smg, the Shepherd Model Gateway: smg launch
+GATEWAYS = (SMG, SGLANG_ROUTER)  # `dqa fleet up --router` starts the first one installed
 
-# sampling_params keys sglang-router 0.3.2 passes on to the worker on POST /generate; any other key is dropped.
-PASSED_SAMPLING_PARAMS = frozenset({
+# The keys both releases below pass on to the worker on POST /generate.
+_PASSED_BY_BOTH = frozenset({
     "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
     "repetition_penalty", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "no_stop_trim",
-    "regex", "min_new_tokens", "n", "sampling_seed",
+    "regex", "ebnf", "json_schema", "min_new_tokens", "n", "sampling_seed",
 })  # fmt: skip
+# {(gateway, release): the sampling_params keys it passes on}; any other key is dropped. Both drop
+# stop_regex, structural_tag, logit_bias, spaces_between_special_tokens, stream_interval, beam_width,
+# watermark, choice (SGLang 0.5.23's other keys) and keys SGLang does not know.
+PASSED_SAMPLING_PARAMS: dict[tuple[str, str], frozenset[str]] = {
+    (SGLANG_ROUTER, "0.3.2"): _PASSED_BY_BOTH,
+    (SMG, "1.13.0"): _PASSED_BY_BOTH | {"custom_params"},
+}
 
 APPLIED = "applied"
 DROPPED = "dropped"
+UNKNOWN = "unknown"  # the gateway or its release is not in the table: not known, not guessed
+UNKNOWN_URL = "unknown_url"  # smg's error code for a route it does not have
 
 
 def is_router(server_info: Any) -> bool:
-    """Whether a ``/get_server_info`` reply is the router's own (``router_manager`` true)."""
+    """Whether a ``/get_server_info`` reply is sglang-router's own (``router_manager`` true)."""
     return isinstance(server_info, dict) and server_info.get("router_manager") is True
+
+
+def gateway_of(server_info: Any, missing_info: Any) -> str | None:
+    """Which gateway answered: ``SGLANG_ROUTER`` when ``server_info`` (the parsed info reply) is
+    its own object, ``SMG`` when ``missing_info`` (the parsed body of a 404 to ``GET
+    /server_info``) carries smg's error code ``unknown_url``; None for anything else (a model
+    server)."""
+    if is_router(server_info):
+        return SGLANG_ROUTER
+    error = missing_info.get("error") if isinstance(missing_info, dict) else None
+    if isinstance(error, dict) and error.get("code") == UNKNOWN_URL:
+        return SMG
+    return None
 
 
 def worker_urls(reply: Any) -> list[str]:
@@ -57,10 +86,14 @@ def worker_urls(reply: Any) -> list[str]:
     return [u.rstrip("/") for u in urls if isinstance(u, str) and u.startswith(("http://", "https://"))]
 
 
-def sampling_fields(sent: Iterable[str]) -> dict[str, str]:
-    """``{sampling key: "applied" | "dropped"}`` for the ``sampling_params`` keys dqa sends: whether
-    the router passes each on to the worker."""
-    return {k: (APPLIED if k in PASSED_SAMPLING_PARAMS else DROPPED) for k in sent}
+def sampling_fields(sent: Iterable[str], gateway: str | None, release: str | None) -> dict[str, str]:
+    """``{sampling key: "applied" | "dropped" | "unknown"}`` for the ``sampling_params`` keys dqa
+    sends: whether ``gateway`` at ``release`` passes each on to the worker; every key ``unknown``
+    when ``PASSED_SAMPLING_PARAMS`` does not hold that gateway and release (or either is None)."""
+    passed = PASSED_SAMPLING_PARAMS.get((gateway or "", release or ""))
+    if passed is None:
+        return {k: UNKNOWN for k in sent}
+    return {k: (APPLIED if k in passed else DROPPED) for k in sent}
 
 
 NO_WORKERS = "no_available_workers"  # the router's 503 code: no healthy worker, or every circuit open
@@ -96,6 +129,7 @@ class RouterStatus:
     up: bool
     ready: bool
     process: str | None = None
+    gateway: dict[str, str] | None = None  # {"name", "version"} as the fleet file records it
     source: str = "none"
     workers: list[RouterWorker] = field(default_factory=list)
     retries_total: float | None = None
