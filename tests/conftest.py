@@ -111,7 +111,7 @@ SGLANG_SCHEMA_VERSION = "0.5.23"
 def sglang_api_types():
     """SGLang 0.5.23's request/response schema, ``sglang/api/v1/api_types.py`` (msgspec Structs:
     ``GenerateRequest``, ``GenerateResponse``, ... with ``from_json_value``), loaded by file path:
-    no torch, no import of the sglang package (SGLANG.md).
+    no torch, no import of the sglang package (docs/sglang.md, "Behaviour by release").
 
     The sglang wheel is installed with ``pip install --no-deps --target`` once per machine into
     ``~/.cache/dqa-test/sglang-0.5.23`` (``$DQA_TEST_CACHE`` instead of ``~/.cache/dqa-test``);

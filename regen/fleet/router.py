@@ -4,7 +4,7 @@ front of the servers a fleet launched, and what `dqa fleet status` reads from it
 ``router_command`` builds ``python -m sglang_router.launch_router`` with the policy (``cache_aware``
 by default), the Prometheus port on, ``--tokenizer-path`` the model folder (so it never reaches
 for the network) and ``config.ROUTER_REGEN_FLAGS`` (the request timeout and circuit-breaker
-settings README "Through the SGLang router" recommends). The router takes no port 0, so its ports
+settings docs/regen.md, "Through the SGLang router", recommends). The router takes no port 0, so its ports
 are found by binding port 0 here and handing the number on (``free_port``). ``start_router`` runs
 it in its own session with its log in the fleet's log folder and returns its fleet-file record (an
 ``Endpoint`` with ``metrics_url``); ``wait_ready`` waits for ``/readiness`` (200 once a worker is
