@@ -78,7 +78,7 @@ ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 DEFAULT_ROUTER_POLICY = "cache_aware"  # a conversation's next turn to the worker holding its prefix
 DEFAULT_ROUTER_PORT = 0  # 0: a free port chosen by the OS
 DEFAULT_ROUTER_TIMEOUT = 60.0  # seconds for the router to see a healthy worker (/readiness 200)
-# The settings README "Through the SGLang router" recommends for a regen run: a request timeout
+# The settings docs/regen.md ("Through the SGLang router") recommends for a regen run: a request timeout
 # above regen's --request-timeout (3600 s), circuits re-closed after 10 s rather than 60 s.
 ROUTER_REGEN_FLAGS = ("--request-timeout-secs", "7200", "--cb-timeout-duration-secs", "10", "--health-check-interval-secs", "5")
 

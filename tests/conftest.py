@@ -111,7 +111,7 @@ SGLANG_SCHEMA_VERSION = "0.5.23"
 def sglang_api_types():
     """SGLang 0.5.23's request/response schema, ``sglang/api/v1/api_types.py`` (msgspec Structs:
     ``GenerateRequest``, ``GenerateResponse``, ... with ``from_json_value``), loaded by file path:
-    no torch, no import of the sglang package (SGLANG.md).
+    no torch, no import of the sglang package (docs/sglang.md, "Behaviour by release").
 
     The sglang wheel is installed with ``pip install --no-deps --target`` once per machine into
     ``~/.cache/dqa-test/sglang-0.5.23`` (``$DQA_TEST_CACHE`` instead of ``~/.cache/dqa-test``);
@@ -174,3 +174,52 @@ def _restore_signal_dispositions():
     for s, handler in saved.items():
         if handler is not None and signal.getsignal(s) is not handler:
             signal.signal(s, handler)
+
+
+# ------------------------------------------------------------------ the reliability figures
+# The regen reliability tests record throughput figures (tests/reliability/regen_harness.py's
+# FIGURES; they go into RELIABILITY.md). Under pytest-xdist (`.ci/run` runs the suite in worker
+# processes) each worker hands its figures to the controlling process at the end of its session,
+# and the controller prints them all, as a serial run prints its own. Defined here, not in
+# tests/reliability/conftest.py: the controller of an xdist run collects nothing, so it loads only
+# this conftest.
+
+_WORKER_FIGURES: list[dict] = []
+
+
+def _recorded_figures() -> list[dict]:
+    harness = sys.modules.get("regen_harness")  # imported only when a reliability test ran here
+    return [dict(vars(f)) for f in getattr(harness, "FIGURES", [])]
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)  # set in an xdist worker only
+    if workeroutput is not None:
+        import json
+
+        workeroutput["dqa_reliability_figures"] = json.dumps(_recorded_figures())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist's hook in the controller: a worker ended; keep the figures it recorded."""
+    import json
+
+    _WORKER_FIGURES.extend(json.loads(getattr(node, "workeroutput", {}).get("dqa_reliability_figures", "[]")))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print the throughput figures the fault tests recorded (they go into RELIABILITY.md)."""
+    import json
+
+    figures = _recorded_figures() + _WORKER_FIGURES
+    if not figures:
+        return
+    tr = terminalreporter
+    tr.section("regen reliability figures (3 stub endpoints, 50 ms/request, 8 in flight each)")
+    base = next((f for f in figures if f["scenario"] == "clean"), None)
+    tr.write_line("rows/s is measured between the first and the last completed row; wall includes startup")
+    for f in figures:
+        rel = f" {f['rows_per_s'] / base['rows_per_s']:5.0%} of clean" if base and base["rows_per_s"] else ""
+        tr.write_line(f"{f['scenario']:<38} {f['rows']:5d} rows  wall {f['wall_s']:6.2f} s  {f['rows_per_s']:7.1f} rows/s{rel}  "
+                      f"attempts/row {f['attempts_mean']:4.2f}  {json.dumps(f['statuses'], sort_keys=True)}  {f['note']}")

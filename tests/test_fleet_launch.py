@@ -1,4 +1,4 @@
-"""`dqa fleet up` builds the SGLang command lines of SGLANG.md exactly, as argument lists an
+"""`dqa fleet up` builds the SGLang command lines of docs/sglang.md exactly, as argument lists an
 operator can also run unchanged from `--dry-run`; staging copies a model once; `fleet down`
 signals only the processes dqa started."""
 
@@ -29,7 +29,7 @@ SEED_SGLANG = "0.5.11"  # the release the seed's fleet ran: --mamba-scheduler-st
 
 
 def golden_sglang_mtp(gpu: int) -> list[str]:
-    """The command the seed's operator typed for GPU ``gpu`` on SGLang 0.5.11 (SGLANG.md, "Launch")."""
+    """The command the seed's operator typed for GPU ``gpu`` on SGLang 0.5.11 (docs/sglang.md, "Launch")."""
     return [
         "python3", "-m", "sglang.launch_server",
         "--model-path", MODEL,
@@ -103,7 +103,7 @@ def test_mtp_adds_extra_buffer_only_for_hybrid_mamba_models(tmp_path):
     assert "--mamba-scheduler-strategy" not in argv(hybrid, mtp=True, mamba_extra_buffer="off")
     assert "--speculative-algorithm" not in argv(hybrid)
     assert argv(dense, mtp=True, mamba_extra_buffer="on")[-1] == "extra_buffer"
-    # The flag follows the SGLang release (SGLANG.md): renamed in 0.5.14, gone from 0.5.20 (its
+    # The flag follows the SGLang release (docs/sglang.md, "Launch"): renamed in 0.5.14, gone from 0.5.20 (its
     # default `auto` picks extra_buffer); without a version, the newest known release.
     assert argv(hybrid, mtp=True, sglang_version="0.5.13")[-2:] == ["--mamba-scheduler-strategy", "extra_buffer"]
     assert argv(hybrid, mtp=True, sglang_version="0.5.14")[-2:] == ["--mamba-radix-cache-strategy", "extra_buffer"]

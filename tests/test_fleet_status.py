@@ -8,7 +8,7 @@ import pytest
 from dqa.regen.fleet import status as fs
 from dqa.regen.servers.sglang import last_decode_stats, parse_decode_line, parse_metrics
 
-# In the documented exposition format (SGLang production-metrics docs; names from SGLANG.md);
+# In the documented exposition format (SGLang production-metrics docs; names from docs/sglang.md, "Metrics");
 # two TP ranks, cache sources as labels, a histogram, and a non-SGLang series to ignore.
 METRICS_TEXT = """\
 # HELP sglang:gen_throughput The generation throughput (token/s).

@@ -102,3 +102,22 @@ def test_a_choice_metavar_reads_like_clicks_choice_and_flags_show_nothing():
 def test_a_missing_required_argument_is_named_as_in_the_help():
     r = CliRunner().invoke(app, ["regen"])
     assert r.exit_code == 2 and "DATASET" in r.output
+
+
+# A page of the repository the help may cite: docs/PAGE.md or a top-level NAME.md (not an output file such as summary.md).
+DOC_PATH = re.compile(r"\b(docs/[\w./-]+\.md|[A-Z][A-Z_]+\.md)\b")
+
+
+@pytest.mark.parametrize("path", [p for p, _ in ALL], ids=lambda p: " ".join(("dqa", *p)))
+def test_help_points_at_files_that_are_in_the_repository(path):
+    """A page the help cites is in the repository (the manual moved from the README to docs/, so
+    "see README" for a command's option is a dead end), and an extra in brackets survives rich markup."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    text = " ".join(_help(path).replace("│", " ").split())  # one line: the table wraps names
+    assert "see README" not in text, f"dqa {' '.join(path)} --help cites the README for what docs/ documents"
+    for name in DOC_PATH.findall(text):
+        assert (root / name).is_file(), f"dqa {' '.join(path)} --help cites {name}, which is not in the repository"
+    if "--report-to" in text:
+        assert "pip install 'dqa[wandb]'" in text, "rich markup ate the extra's [wandb]"

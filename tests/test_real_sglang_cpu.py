@@ -112,7 +112,7 @@ def test_health_is_503_while_the_server_warms_up_then_200(server):
     codes = server["health"]
     assert codes[-1] == 200
     assert set(codes[:-1]) <= {503}, codes
-    assert 503 in codes, f"no 503 seen before 200 (codes {codes}): SGLANG.md says /health is 503 while starting"
+    assert 503 in codes, f"no 503 seen before 200 (codes {codes}): docs/sglang.md says /health is 503 while starting"
 
 
 # --- dqa regen, protocol sglang (/generate) --------------------------------------------------

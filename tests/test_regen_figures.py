@@ -221,7 +221,7 @@ def test_bad_arguments_are_refused_before_any_tokenizer_is_loaded(cli, data, tmp
     elif case == "unwritable":
         out, expect = Path("/proc/dqa-regen-out"), "cannot be created"  # not writable, even for root
     elif case == "missing findings":
-        args[3], expect = tmp_path / "no-scan", "no-scan"
+        args[4], expect = tmp_path / "no-scan", "no-scan"  # the value of --findings
     elif case == "missing dataset":
         args[0], expect = tmp_path / "missing.parquet", "missing.parquet"
     elif case == "bad shard":

@@ -1,4 +1,4 @@
-"""The SGLang-contract stub server honours shared/SGLANG.md, so the regen tests built on it
+"""The SGLang-contract stub server honours docs/sglang.md, so the regen tests built on it
 test dqa against SGLang's real contract and not against a drifting stand-in."""
 
 from __future__ import annotations

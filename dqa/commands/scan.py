@@ -55,7 +55,7 @@ def scan(
     thinking: str = typer.Option("auto", help="Is thinking expected? auto (inferred from the set), expected, off."),
     checks: Optional[str] = typer.Option(None, "--checks", help="Comma-separated checks to run (default: all)."),
     skip: Optional[str] = typer.Option(None, "--skip", help="Comma-separated checks to skip."),
-    config: Optional[Path] = typer.Option(None, "--config", help="TOML file with \\[checks.NAME] tables of thresholds (see README)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="TOML file of thresholds: \\[checks.NAME] tables and \\[scan] (docs/scan.md, --config)."),
     set_: List[str] = typer.Option([], "--set", help="Override a threshold: CHECK.PARAM=VALUE (repeatable)."),
     max_fail_share: float = typer.Option(0.0, help="Exit 1 when the failing share exceeds this (0..1)."),
     batch_rows: int = typer.Option(DEFAULT_BATCH_ROWS, help="Rows per streamed batch (memory is bounded by the batch)."),

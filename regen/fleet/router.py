@@ -8,7 +8,7 @@ PATH: sglang-router 0.3.2 installs an ``smg`` script of its own, so that name sa
 package answers. Both take the same flags. ``router_command`` builds the command with the policy
 (``cache_aware`` by default), the Prometheus port on, ``--tokenizer-path`` the model folder (so it never reaches
 for the network) and ``config.ROUTER_REGEN_FLAGS`` (the request timeout and circuit-breaker
-settings README "Through the SGLang router" recommends). The router takes no port 0, so its ports
+settings docs/regen.md, "Through the SGLang router", recommends). The router takes no port 0, so its ports
 are found by binding port 0 here and handing the number on (``free_port``). ``start_router`` runs
 it in its own session with its log in the fleet's log folder and returns its fleet-file record (an
 ``Endpoint`` with ``metrics_url``); ``wait_ready`` waits for ``/readiness`` (200 once a worker is

@@ -4,7 +4,7 @@
 installs its library). ``open_trackers`` imports only the modules asked for; each imports its
 library when its run opens. Nothing is sent anywhere unless asked: wandb runs offline unless
 ``WANDB_MODE`` says otherwise, MLflow writes a local store unless ``MLFLOW_TRACKING_URI`` names
-another, trackio and TensorBoard write local files (README, "Experiment trackers").
+another, trackio and TensorBoard write local files (docs/trackers.md).
 
 What each command reports lives in ``dqa.reports.trackers.feed``.
 """
@@ -30,8 +30,8 @@ TRACKERS: dict[str, tuple[str, str, str]] = {
 }
 
 REPORT_TO_HELP = ("Report this run's figures to an experiment tracker: " + ", ".join(TRACKERS)
-                  + " (repeatable; each needs its extra, e.g. pip install 'dqa[wandb]'; nothing leaves this machine unless the "
-                  "tracker is configured to send it: see README).")
+                  + " (repeatable; each needs its extra, e.g. pip install 'dqa\\[wandb]'; nothing leaves this machine unless the "
+                  "tracker is configured to send it: see docs/trackers.md).")
 
 
 def check_names(names: Iterable[str]) -> list[str]:

@@ -1,7 +1,7 @@
 """What each command reports to ``--report-to`` trackers: plain dicts the commands already
 write (summary.json, progress.json, repair.json, gate.json) turned into tracker calls.
 
-Tags (README, "Experiment trackers"):
+Tags (docs/trackers.md):
 
 - scan: ``scan/rows``, ``scan/failing_rows``, ``scan/failing_share``, ``scan/thinking_share``,
   ``scan/CHECK/samples`` and ``scan/CHECK/share`` per check that ran; histograms

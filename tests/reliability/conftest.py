@@ -1,12 +1,12 @@
-"""Fixtures for the regen reliability campaign (helpers live in regen_harness.py)."""
+"""Fixtures for the regen reliability campaign (helpers live in regen_harness.py). The throughput
+figures its tests record (regen_harness.FIGURES) are printed by tests/conftest.py's terminal summary,
+which also gathers them from pytest-xdist's workers."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from regen_harness import FIGURES, SECRET, SECRET_ENV, RegenData, build_regen_data, start_fleet
+from regen_harness import SECRET, SECRET_ENV, RegenData, build_regen_data, start_fleet
 
 
 @pytest.fixture()
@@ -30,17 +30,3 @@ def secret_env(monkeypatch):
     """The API key in the environment variable regen reads it from."""
     monkeypatch.setenv(SECRET_ENV, SECRET)
     return SECRET_ENV
-
-
-def pytest_terminal_summary(terminalreporter):
-    """Print the throughput figures the fault tests recorded (they go into RELIABILITY.md)."""
-    if not FIGURES:
-        return
-    tr = terminalreporter
-    tr.section("regen reliability figures (3 stub endpoints, 50 ms/request, 8 in flight each)")
-    base = next((f for f in FIGURES if f.scenario == "clean"), None)
-    tr.write_line("rows/s is measured between the first and the last completed row; wall includes startup")
-    for f in FIGURES:
-        rel = f" {f.rows_per_s / base.rows_per_s:5.0%} of clean" if base and base.rows_per_s else ""
-        tr.write_line(f"{f.scenario:<38} {f.rows:5d} rows  wall {f.wall_s:6.2f} s  {f.rows_per_s:7.1f} rows/s{rel}  "
-                      f"attempts/row {f.attempts_mean:4.2f}  {json.dumps(f.statuses, sort_keys=True)}  {f.note}")

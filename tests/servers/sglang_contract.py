@@ -11,7 +11,7 @@ it, restart it on the same port, or tell it to fail.
 
 SGLang source facts it follows (python/sglang/srt/entrypoints/http_server.py,
 managers/tokenizer_manager.py, entrypoints/openai/protocol.py, metrics/collector.py; the
-project's notes in shared/SGLANG.md):
+project's notes in docs/sglang.md):
 
 - ``POST /generate`` takes ``input_ids`` (list[int], or a batch: list[list[int]]) or ``text``,
   ``sampling_params`` {max_new_tokens (default 128), temperature, top_p, top_k, min_p,
@@ -69,7 +69,7 @@ project's notes in shared/SGLANG.md):
   (from 0.5.14 a deprecated alias of ``--mamba-radix-cache-strategy``), an unrecognized argument
   (exit 2) from 0.5.20.
 - ``GET /metrics`` is Prometheus text, only with ``--enable-metrics``, with the ``sglang:*``
-  names from SGLANG.md; counters move with the requests served; gauges are refreshed once per
+  names from docs/sglang.md; counters move with the requests served; gauges are refreshed once per
   log interval, like SGLang's ``--decode-log-interval``.
 - The scheduler logs ``Decode batch, #running-req: N, #token: N, token usage: 0.42, accept len:
   3.61, accept rate: 0.87, cuda graph: True, gen throughput (token/s): 2297.81, #queue-req: 0``.
@@ -117,7 +117,7 @@ N+1-th generate request arrives). ``GET /_control`` returns the faults and count
 ``sampling_keys`` that arrived), ``POST /_control {"exit": true}``
 ends the process at once.
 
-The SGLang release it stands for is ``--sglang-version`` (default 0.5.23, the newest SGLANG.md
+The SGLang release it stands for is ``--sglang-version`` (default 0.5.23, the newest docs/sglang.md
 describes); the behaviours above that differ between releases follow it.
 
 Run: ``python tests/servers/sglang_contract.py --port 30000 --enable-metrics`` (or
@@ -277,7 +277,7 @@ def plan_reply(input_ids: list[int], seed: int | None, think_range: tuple[int, i
             *_THE_ANSWER_WORDS, *answer, _PERIOD[0], IM_END]
 
 
-# ``--vocab qwen3.6``: the same replies in Qwen3.5/3.6's ids (SGLANG.md): its template tokens differ,
+# ``--vocab qwen3.6``: the same replies in Qwen3.5/3.6's ids (docs/sglang.md): its template tokens differ,
 # the plain word ids are reused as they are. A prompt ending in the thinking-on generation prompt
 # ``<think>\n`` gets the reply without its own ``<think>\n`` (the model continues the open thought).
 QWEN36_VOCAB_SIZE = 248320
