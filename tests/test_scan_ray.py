@@ -47,6 +47,9 @@ sys.path.insert(0, str(REPO / "examples"))
 
 from build_example import build_example  # noqa: E402
 
+# One cluster for the module: under pytest-xdist (.ci/run) its tests stay on one worker (--dist loadgroup).
+pytestmark = pytest.mark.xdist_group("ray-cluster")
+
 LOOPBACK = "127.0.0.1"
 STORE_MEMORY = 80 * 2**20  # each node's object store: the results are small tables, never rows
 BATCH_ROWS = 32  # small batches: the sets here cut into a dozen units or more
