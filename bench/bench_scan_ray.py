@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_scan import make_dataset  # noqa: E402
 
 # Ray's switch for a cluster on one machine: 127.0.0.1 stays the loopback address when a driver connects.
-ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # here too, before ray is imported (task_overhead)
+ENV = dict(os.environ)
 
 
 def free_port() -> int:
@@ -60,7 +61,7 @@ def task_overhead(address: str, n: int, payload: int) -> float:
     """Seconds per task, for ``n`` tasks of one CPU each returning ``payload`` bytes, taken as they finish."""
     import ray
 
-    ray.init(address=address, logging_level="ERROR")
+    ray.init(address="auto", logging_level="ERROR")  # the cluster started here, with its auth token
     try:
         @ray.remote(num_cpus=1)
         def unit(size: int) -> bytes:
@@ -85,7 +86,7 @@ def main() -> None:
     args = ap.parse_args()
     data = make_dataset(args.data, args.tokens)
     address = start_cluster(2)
-    env = {**ENV, "RAY_ADDRESS": address}
+    env = {k: v for k, v in ENV.items() if k != "RAY_ADDRESS"}  # --ray auto finds the cluster started here (and its auth token)
     try:
         walls: dict[str, list[float]] = {"workers 2": [], "ray": []}
         with tempfile.TemporaryDirectory() as tmp:
