@@ -106,7 +106,7 @@ def _regenerate(config: RegenConfig, show: View) -> RunResult:
         protocol = servers.kind.make_protocol(c.sampling, spec, servers.model)
         resume = recover(place.out, inputs.rows, c.selection.retry_failed, show.log)
         info = prior_servers_info(place.folder, servers.urls)  # a rerun with nothing to do keeps them
-        link = Link(c.dispatch, servers, protocol)  # from here on, every request goes over one session
+        link = Link(c.dispatch, servers, protocol, show.signals)  # from here on, every request goes over one session
         try:
             if resume.todo.size:
                 info = servers_info(servers.urls, probe_servers(c.dispatch.timeouts, link, show.log))
