@@ -32,6 +32,7 @@ from dqa.audit.kernels import KernelTables
 from dqa.audit.readers import Dataset
 from dqa.audit.scan_workers import UnitDone, UnitTask, scan_unit
 from dqa.errors import InputError, RuntimeFailure
+from dqa.memory import reuse_freed_memory
 
 TASK_RETRIES = 3  # Ray's retries of a task whose worker process or node died (its max_retries)
 CONNECT_TIMEOUT = 5.0  # seconds to reach a cluster's address before saying that nothing answers there
@@ -93,6 +94,7 @@ class RayUnits:
 def scan_on_node(shared: tuple[Dataset, KernelTables], task: UnitTask) -> tuple[UnitDone, bytes, bytes]:
     """The task: scan ``task``'s unit into parts in a temporary folder of this node; return its ``UnitDone`` and the
     two parts' bytes (metrics, turns). Raises what ``scan_unit`` raises."""
+    reuse_freed_memory()  # as a pool worker does (once per worker process): the kernels' batches reuse their pages
     ds, tables = shared
     with tempfile.TemporaryDirectory(prefix="dqa-unit-") as tmp:
         pair = (Path(tmp) / "metrics.arrow", Path(tmp) / "turns.arrow")
