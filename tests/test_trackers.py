@@ -265,6 +265,63 @@ def test_repair_reports_each_round(tmp_path, monkeypatch):
     assert acc.Scalars("repair/gate_passed")[-1].value == 1.0 and acc.Scalars("repair/spent_usd")[-1].value == 0.5
 
 
+ROUND_FIGURES = ("selected", "regenerated_ok", "regen_failed", "cut", "output_tokens", "elapsed_s", "cost_usd", "still_failing",
+                 "cannot_fit")
+
+
+def test_dqa_repair_reports_each_round_and_a_rerun_continues_its_run_without_reporting_a_round_twice(tmp_path):
+    """The real `dqa repair --report-to` against the content-fault stand-in (test_repair's): each
+    round's figures at the round's step, as the repair's own --json record has them, then the final
+    figures; the run named from the resolved dataset and work folder (given relative here); the same
+    command again reuses every round and only adds the final figures, after the first session's."""
+    need("tensorboard")
+    # the repair tests' stand-in server, its content faults and the example set
+    from test_repair import FAULTS, StubServer, build_example
+
+    build_example(tmp_path / "data", rows=100, seed=11)
+    data, work = tmp_path / "data" / "example.parquet", tmp_path / "work"
+    flags = ["--report-to", "tensorboard"] + (["--report-to", "mlflow"] if installed("mlflow") else [])
+    with StubServer(tmp_path / "stub", *FAULTS) as server:
+        args = ("repair", "data/example.parquet", "-e", server.url, "-t", "qwen3.6", "--out", "v2.parquet", "--work", "work",
+                "--rounds", "3", "--max-new-tokens", "512", "--gpu-hour-cost", "3600", "--json", *flags)
+        first = dqa(tmp_path, *args, ok=(0, 1))
+        second = dqa(tmp_path, *args, ok=(0, 1))
+    rec, again = json.loads(first.stdout), json.loads(second.stdout)  # tracker output never lands on stdout
+    rounds, final = rec["rounds"], rec["final"]
+    assert len(rounds) >= 2 and rounds[0]["still_failing"] > 0  # round 1 left bad samples: a round 2 ran
+    assert first.returncode == final["exit_code"]
+    assert again["rounds"] == rounds  # the rerun regenerated nothing: every round was reused
+    n = len(rounds)
+    name = run_name("repair", data, work)
+    assert name.startswith("repair-example.parquet-")
+
+    acc = tensorboard_events(tmp_path / "runs" / name)
+    assert len(glob.glob(str(tmp_path / "runs" / name / "events.out.tfevents.*"))) == 2  # one event file per session
+    for key in ROUND_FIGURES:  # each round once, at its own step, as the record has it
+        assert [(e.step, e.value) for e in acc.Scalars(f"repair/{key}")] == \
+            [(r["round"], pytest.approx(r[key])) for r in rounds], key
+    planned = [(r["round"], pytest.approx(r["plan"]["cost_usd"])) for r in rounds if r["plan"]["cost_usd"] is not None]
+    assert planned and [(e.step, e.value) for e in acc.Scalars("repair/planned_cost_usd")] == planned  # round 1's is unknown
+    ends = {"spent_usd": final["spent_usd"], "still_failing_final": final["still_failing"], "rounds": n,
+            "gate_passed": float(final["gate_passed"])}
+    for key, value in ends.items():  # the first session's final figures at the last round's step, the rerun's after them
+        assert [(e.step, e.value) for e in acc.Scalars(f"repair/{key}")] == \
+            [(n, pytest.approx(value)), (n + 1, pytest.approx(value))], key
+    opened = [e.tensor_proto.string_val[0].decode() for e in acc.Tensors("run")]
+    assert [e.step for e in acc.Tensors("run")] == [0, n + 1]
+    assert opened[0] == opened[1] == f"dqa repair: dataset `{data.resolve()}`, run folder `{work.resolve()}`"
+
+    if installed("mlflow"):
+        client, run = mlflow_run(tmp_path, name)  # one run, found again by the rerun
+        assert run.info.run_name == name
+        assert run.data.tags["dqa.dataset"] == str(data.resolve()) and run.data.tags["dqa.run_folder"] == str(work.resolve())
+        for key in ROUND_FIGURES:
+            history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, f"repair/{key}"))
+            assert history == [(r["round"], pytest.approx(r[key])) for r in rounds], key
+        history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "repair/spent_usd"))
+        assert history == [(n, pytest.approx(final["spent_usd"])), (n + 1, pytest.approx(final["spent_usd"]))]
+
+
 def test_an_unknown_tracker_or_a_missing_library_is_one_line_and_exit_2(cli, tmp_path, small_set, monkeypatch):
     r = cli("scan", small_set, "--out", tmp_path / "s", "--report-to", "neptune")
     assert r.exit_code == 2 and r.stderr.startswith("dqa: error: --report-to neptune: expected one of tensorboard")
