@@ -243,8 +243,10 @@ def test_regen_reports_live_while_it_runs_and_a_rerun_continues_the_run(tmp_path
         server.stop()
 
 
-def test_repair_reports_each_round(tmp_path, monkeypatch):
+def test_repair_reports_each_round_also_the_rounds_of_a_session_that_stopped(tmp_path, monkeypatch, cli):
     need("tensorboard")
+    import dqa.repair
+    from dqa.errors import RuntimeFailure
     from dqa.reports.trackers import RunName, open_trackers
     from dqa.reports.trackers.feed import report_repair
 
@@ -255,8 +257,18 @@ def test_repair_reports_each_round(tmp_path, monkeypatch):
                "elapsed_s": 3.0, "cost_usd": 0.1, "still_failing": 0, "cannot_fit": 0, "plan": {"cost_usd": 0.12}}]
     record = {"rounds": rounds, "final": {"spent_usd": 0.5, "still_failing": 0, "gate_passed": True}}
     run = RunName.of("repair", tmp_path / "data.parquet", tmp_path / "work")
-    with open_trackers(["tensorboard"], run) as t:
-        report_repair(t, {**record, "rounds": rounds[:1], "final": {}})  # the first session stopped after round 1
+    (tmp_path / "data.parquet").write_bytes(b"")
+
+    def stops_in_round_2(dataset, out, options, *, work, **kw):  # round 1 recorded, then round 2's regen stopped
+        (Path(work) / "repair.json").write_text(json.dumps({"rounds": rounds[:1], "final": {}}))
+        raise RuntimeFailure("round 2: the regen run stopped; rerun the same command to resume")
+
+    monkeypatch.setattr(dqa.repair, "repair", stops_in_round_2)
+    (tmp_path / "work").mkdir()
+    r = cli("repair", tmp_path / "data.parquet", "-e", "http://127.0.0.1:9", "--out", tmp_path / "v2.parquet",
+            "--work", tmp_path / "work", "--report-to", "tensorboard", "-q")
+    assert r.exit_code == 3 and "round 2: the regen run stopped" in r.stderr, r.stderr
+    assert [(e.step, e.value) for e in tensorboard_events(tmp_path / "runs" / run.name).Scalars("repair/still_failing")] == [(1, 5)]
     with open_trackers(["tensorboard"], run) as t:
         report_repair(t, record)  # the rerun: round 1 is not reported twice
     acc = tensorboard_events(tmp_path / "runs" / run.name)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
 from dqa.commands.common import handles_errors, help_text, storage_option_param
+from dqa.errors import DqaError
 from dqa.regen.config import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROTOCOL, DEFAULT_TURNS
 from dqa.repair import DEFAULT_ROUNDS
 from dqa.reports.trackers import REPORT_TO_HELP
@@ -87,7 +89,11 @@ def _run(dataset, out, endpoint, fleet, tokenizer, rounds, budget_usd, gpu_hour_
     opts = RepairOptions(tokenizer=tokenizer, rounds=rounds, budget_usd=budget_usd, failed=failed, regen=regen,
                          plan=str(plan) if plan is not None else None)
     log = None if quiet else (lambda msg: print(f"dqa repair: {msg}", file=sys.stderr, flush=True))
-    result = run_repair(dataset, out, opts, work=work, log=log, force=force)
+    try:
+        result = run_repair(dataset, out, opts, work=work, log=log, force=force)
+    except (DqaError, KeyboardInterrupt):  # stopped in a round: the rounds it finished are reported now, not at the rerun's end
+        _report_stopped(report_to, dataset, work, quiet or as_json)
+        raise
     if report_to:
         from dqa.reports.trackers.feed import report_repair
 
@@ -99,6 +105,30 @@ def _run(dataset, out, endpoint, fleet, tokenizer, rounds, budget_usd, gpu_hour_
     elif not quiet:
         print(result.message)
     return result.exit_code
+
+
+def _report_stopped(report_to: list[str], dataset: str, work: "str | None", quiet: bool) -> None:
+    """Report to the trackers of ``report_to`` the rounds a stopped repair finished, as its work folder's
+    ``repair.json`` records them (``feed.report_repair``; the rerun reports the rest). Nothing happens for no
+    trackers, a work folder in a store, or a record without rounds. A tracker's failure is one line on stderr
+    (unless ``quiet``), never raised: the repair's own error is the one to show."""
+    from dqa import storage
+    from dqa.repair.work import WorkFolder, default_work_dir
+    from dqa.reports import trackers
+    from dqa.reports.trackers.feed import report_repair
+
+    folder = work if work is not None else default_work_dir(dataset)
+    if not report_to or storage.is_url(folder):
+        return
+    record = WorkFolder.peek(folder)
+    if not record.get("rounds"):
+        return
+    try:
+        trackers.report(report_to, "repair", dataset, folder, report_repair, record, quiet=quiet)
+    except Exception as exc:  # noqa: BLE001 - a tracker's own error, shown and not raised
+        if not quiet:
+            print(f"dqa repair: --report-to: the finished rounds were not reported ({type(exc).__name__}: {exc})",
+                  file=sys.stderr)
 
 
 def register(app: typer.Typer) -> None:

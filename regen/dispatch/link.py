@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import threading
 from typing import Any
 
 from dqa.regen.config import DispatchSpec
@@ -84,7 +83,7 @@ class _Interrupts:
         self._before: dict[int, Any] = {}
 
     def __enter__(self) -> "_Interrupts":
-        if self.enabled and threading.current_thread() is threading.main_thread():
+        if self.enabled:  # the run's View.signals: on the main thread (run_view.view checks it)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 before = signal.getsignal(sig)
                 if callable(before):

@@ -1,5 +1,5 @@
-"""What dqa knows about SGLang, release by release (docs/sglang.md, "Behaviour read from the
-released source, 0.5.4 to 0.5.23").
+"""What dqa knows about SGLang, release by release (docs/sglang.md, "Behaviour by
+release", read from the released source, 0.5.4 to 0.5.23).
 
 Two sides use it: ``dqa regen`` reads a running server's ``/server_info`` (``ServerFacts`` in
 ``servers.facts``) to cap each request's ``max_new_tokens`` the way that server checks lengths and
