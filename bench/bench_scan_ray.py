@@ -10,7 +10,7 @@ contestant (one process each; with --ray the caller's own ``ray.init``), which l
 pays once: starting its worker processes (Python, Ray and dqa's imports) where the pool forks. From those, a projection for 8 nodes of 32 cores on a 100B-token set (stated as
 arithmetic on the measured figures, not a run).
 
-    python bench/bench_scan_ray.py [--data bench/data/scan.parquet] [--tokens 200e6] [--rounds 3]
+    python bench/bench_scan_ray.py [--turns 1|3] [--data PATH] [--tokens 200e6] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -78,14 +78,15 @@ with tempfile.TemporaryDirectory() as tmp:
 
 
 def steady_state(data: Path, rounds: int, env: dict) -> dict[str, float]:
-    """Median seconds of ``dqa.scan`` in a driver that has scanned once already (its Ray workers running, its imports
+    """Median over ``rounds`` of the seconds of ``dqa.scan`` in a driver that has scanned once already (its Ray workers running, its imports
     done), for ``--ray auto`` and ``--workers 2``: the per-job start of Ray's worker processes left out."""
-    med = {}
-    for mode in ("ray", "pool"):
-        proc = subprocess.run([sys.executable, "-c", STEADY, mode, str(data), str(rounds)], env=env, check=True,
-                              capture_output=True, text=True)
-        med[mode] = statistics.median(float(x) for x in proc.stdout.split())
-    return med
+    walls: dict[str, list[float]] = {"ray": [], "pool": []}
+    for r in range(rounds):  # one driver per round and contestant, the order alternated, as for the CLI
+        for mode in (("ray", "pool") if r % 2 == 0 else ("pool", "ray")):
+            proc = subprocess.run([sys.executable, "-c", STEADY, mode, str(data), "1"], env=env, check=True,
+                                  capture_output=True, text=True)
+            walls[mode].append(float(proc.stdout.split()[-1]))
+    return {mode: statistics.median(v) for mode, v in walls.items()}
 
 
 def task_overhead(address: str, n: int, payload: int) -> float:
@@ -111,11 +112,14 @@ def task_overhead(address: str, n: int, payload: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path(__file__).parent / "data" / "scan.parquet")
+    ap.add_argument("--data", type=Path, default=None,
+                    help="default: bench_scan.py's cached set for --turns (bench/data/scan.parquet, scan-turns3.parquet)")
+    ap.add_argument("--turns", type=int, default=1, choices=(1, 3))
     ap.add_argument("--tokens", type=float, default=200e6)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    data = make_dataset(args.data, args.tokens)
+    default = Path(__file__).parent / "data" / ("scan.parquet" if args.turns == 1 else "scan-turns3.parquet")
+    data = make_dataset(args.data or default, args.tokens, turns=args.turns)
     address = start_cluster(2)
     env = {k: v for k, v in ENV.items() if k != "RAY_ADDRESS"}  # --ray auto finds the cluster started here (and its auth token)
     try:

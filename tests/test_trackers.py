@@ -243,38 +243,71 @@ def test_regen_reports_live_while_it_runs_and_a_rerun_continues_the_run(tmp_path
         server.stop()
 
 
-def test_repair_reports_each_round_also_the_rounds_of_a_session_that_stopped(tmp_path, monkeypatch, cli):
+def test_repair_reports_each_finished_round_also_when_a_session_stopped_in_the_next(tmp_path, monkeypatch, cli):
+    """A repair stopped in round 2's regen (exit 3) has recorded round 1 whole and round 2's scan and plan: it reports
+    round 1 as it stops, and nothing of round 2 nor final figures; the rerun reports round 2 whole and the final
+    figures, and round 1 not again."""
     need("tensorboard")
     import dqa.repair
+    from dqa.audit import identity
     from dqa.errors import RuntimeFailure
     from dqa.reports.trackers import RunName, open_trackers
     from dqa.reports.trackers.feed import report_repair
 
     monkeypatch.setenv("DQA_TENSORBOARD_DIR", str(tmp_path / "runs"))
-    rounds = [{"round": 1, "selected": 40, "regenerated_ok": 38, "regen_failed": 0, "cut": 2, "output_tokens": 9000,
-               "elapsed_s": 12.5, "cost_usd": 0.4, "still_failing": 5, "cannot_fit": 0, "plan": {"cost_usd": 0.5}},
-              {"round": 2, "selected": 5, "regenerated_ok": 5, "regen_failed": 0, "cut": 0, "output_tokens": 1100,
-               "elapsed_s": 3.0, "cost_usd": 0.1, "still_failing": 0, "cannot_fit": 0, "plan": {"cost_usd": 0.12}}]
-    record = {"rounds": rounds, "final": {"spent_usd": 0.5, "still_failing": 0, "gate_passed": True}}
-    run = RunName.of("repair", tmp_path / "data.parquet", tmp_path / "work")
-    (tmp_path / "data.parquet").write_bytes(b"")
+    whole = ["scan", "plan", "regen", "merge", "rescan"]
+    rounds = [{"round": 1, "done": whole, "selected": 40, "regenerated_ok": 38, "regen_failed": 0, "cut": 2,
+               "output_tokens": 9000, "elapsed_s": 12.5, "cost_usd": 0.4, "still_failing": 5, "cannot_fit": 0,
+               "plan": {"cost_usd": 0.5}},
+              {"round": 2, "done": whole, "selected": 5, "regenerated_ok": 5, "regen_failed": 0, "cut": 0,
+               "output_tokens": 1100, "elapsed_s": 3.0, "cost_usd": 0.1, "still_failing": 0, "cannot_fit": 0,
+               "plan": {"cost_usd": 0.12}}]
+    data = tmp_path / "data.parquet"
+    data.write_bytes(b"")
+    stopped = {"dataset": identity.dataset_path(data), "status": "running", "final": {},
+               "rounds": [rounds[0], {"round": 2, "done": ["scan", "plan"], "selected": 5, "plan": {"cost_usd": 0.12}}]}
+    finished = {**stopped, "status": "finished", "rounds": rounds,
+                "final": {"spent_usd": 0.5, "still_failing": 0, "gate_passed": True}}
+    run = RunName.of("repair", data, tmp_path / "work")
 
-    def stops_in_round_2(dataset, out, options, *, work, **kw):  # round 1 recorded, then round 2's regen stopped
-        (Path(work) / "repair.json").write_text(json.dumps({"rounds": rounds[:1], "final": {}}))
+    def stops_in_round_2(dataset, out, options, *, work, **kw):
+        (Path(work) / "repair.json").write_text(json.dumps(stopped))
         raise RuntimeFailure("round 2: the regen run stopped; rerun the same command to resume")
 
     monkeypatch.setattr(dqa.repair, "repair", stops_in_round_2)
     (tmp_path / "work").mkdir()
-    r = cli("repair", tmp_path / "data.parquet", "-e", "http://127.0.0.1:9", "--out", tmp_path / "v2.parquet",
-            "--work", tmp_path / "work", "--report-to", "tensorboard", "-q")
+    r = cli("repair", data, "-e", "http://127.0.0.1:9", "--out", tmp_path / "v2.parquet", "--work", tmp_path / "work",
+            "--report-to", "tensorboard", "-q")
     assert r.exit_code == 3 and "round 2: the regen run stopped" in r.stderr, r.stderr
-    assert [(e.step, e.value) for e in tensorboard_events(tmp_path / "runs" / run.name).Scalars("repair/still_failing")] == [(1, 5)]
+    acc = tensorboard_events(tmp_path / "runs" / run.name)
+    assert [(e.step, e.value) for e in acc.Scalars("repair/still_failing")] == [(1, 5)]
+    assert "repair/planned_cost_usd" in acc.Tags()["scalars"] and "repair/rounds" not in acc.Tags()["scalars"]
+    assert [e.step for e in acc.Scalars("repair/planned_cost_usd")] == [1]  # round 2's plan waits for round 2
     with open_trackers(["tensorboard"], run) as t:
-        report_repair(t, record)  # the rerun: round 1 is not reported twice
+        report_repair(t, finished)  # the rerun
     acc = tensorboard_events(tmp_path / "runs" / run.name)
     assert [(e.step, e.value) for e in acc.Scalars("repair/still_failing")] == [(1, 5), (2, 0)]
+    assert [(e.step, e.value) for e in acc.Scalars("repair/regenerated_ok")] == [(1, 38), (2, 5)]
     assert [(e.step, e.value) for e in acc.Scalars("repair/planned_cost_usd")] == [(1, 0.5), (2, pytest.approx(0.12))]
     assert acc.Scalars("repair/gate_passed")[-1].value == 1.0 and acc.Scalars("repair/spent_usd")[-1].value == 0.5
+
+
+def test_a_repair_refused_for_its_work_folder_reports_nothing(tmp_path, monkeypatch, cli, small_set):
+    """A --work folder holding another dataset's repair is refused (exit 2) before any work: its figures are not
+    reported under this dataset's run."""
+    need("tensorboard")
+    monkeypatch.setenv("DQA_TENSORBOARD_DIR", str(tmp_path / "runs"))
+    data = small_set
+    (tmp_path / "work").mkdir()
+    from dqa.repair.work import VERSION
+
+    other = {"version": VERSION, "dataset": "/somewhere/else/b.parquet", "status": "finished", "final": {"spent_usd": 1.5},
+             "rounds": [{"round": 1, "done": ["scan", "plan", "regen", "merge", "rescan"], "still_failing": 0}]}
+    (tmp_path / "work" / "repair.json").write_text(json.dumps(other))
+    r = cli("repair", data, "-e", "http://127.0.0.1:9", "--out", tmp_path / "v2.parquet", "--work", tmp_path / "work",
+            "--report-to", "tensorboard", "-q")
+    assert r.exit_code == 2 and "holds the repair of /somewhere/else/b.parquet" in r.stderr, r.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
 ROUND_FIGURES = ("selected", "regenerated_ok", "regen_failed", "cut", "output_tokens", "elapsed_s", "cost_usd", "still_failing",

@@ -94,7 +94,9 @@ class RayUnits:
 def scan_on_node(shared: tuple[Dataset, KernelTables], task: UnitTask) -> tuple[UnitDone, bytes, bytes]:
     """The task: scan ``task``'s unit into parts in a temporary folder of this node; return its ``UnitDone`` and the
     two parts' bytes (metrics, turns). Raises what ``scan_unit`` raises."""
-    reuse_freed_memory()  # as a pool worker does (once per worker process): the kernels' batches reuse their pages
+    # As a pool worker does: the kernels' batches reuse their freed pages instead of faulting them in again. It is
+    # process-wide: a Ray worker of this job keeps that heap (about a batch's worth) for its later tasks too.
+    reuse_freed_memory()
     ds, tables = shared
     with tempfile.TemporaryDirectory(prefix="dqa-unit-") as tmp:
         pair = (Path(tmp) / "metrics.arrow", Path(tmp) / "turns.arrow")

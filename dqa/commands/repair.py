@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from dqa.commands.common import handles_errors, help_text, storage_option_param
-from dqa.errors import DqaError
+from dqa.errors import RuntimeFailure
 from dqa.regen.config import DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROTOCOL, DEFAULT_TURNS
 from dqa.repair import DEFAULT_ROUNDS
 from dqa.reports.trackers import REPORT_TO_HELP
@@ -91,8 +91,9 @@ def _run(dataset, out, endpoint, fleet, tokenizer, rounds, budget_usd, gpu_hour_
     log = None if quiet else (lambda msg: print(f"dqa repair: {msg}", file=sys.stderr, flush=True))
     try:
         result = run_repair(dataset, out, opts, work=work, log=log, force=force)
-    except (DqaError, KeyboardInterrupt):  # stopped in a round: the rounds it finished are reported now, not at the rerun's end
-        _report_stopped(report_to, dataset, work, quiet or as_json)
+    except (RuntimeFailure, KeyboardInterrupt):  # stopped in a round: its finished rounds are reported now, not at the rerun's end
+        if report_to:
+            _report_stopped(report_to, dataset, work, quiet or as_json)
         raise
     if report_to:
         from dqa.reports.trackers.feed import report_repair
@@ -108,24 +109,25 @@ def _run(dataset, out, endpoint, fleet, tokenizer, rounds, budget_usd, gpu_hour_
 
 
 def _report_stopped(report_to: list[str], dataset: str, work: "str | None", quiet: bool) -> None:
-    """Report to the trackers of ``report_to`` the rounds a stopped repair finished, as its work folder's
-    ``repair.json`` records them (``feed.report_repair``; the rerun reports the rest). Nothing happens for no
-    trackers, a work folder in a store, or a record without rounds. A tracker's failure is one line on stderr
-    (unless ``quiet``), never raised: the repair's own error is the one to show."""
-    from dqa import storage
-    from dqa.repair.work import WorkFolder, default_work_dir
-    from dqa.reports import trackers
-    from dqa.reports.trackers.feed import report_repair
-
-    folder = work if work is not None else default_work_dir(dataset)
-    if not report_to or storage.is_url(folder):
-        return
-    record = WorkFolder.peek(folder)
-    if not record.get("rounds"):
-        return
+    """Report to the trackers of ``report_to`` the rounds a stopped repair of ``dataset`` finished, as its work
+    folder's ``repair.json`` records them (``feed.report_repair`` reports finished rounds only, so the rerun reports
+    the rest). Nothing happens for a work folder in a store or a record of another dataset's repair. Never raises:
+    a failure here (a tracker's, the work folder's) is one line on stderr unless ``quiet``, and the repair's own
+    error is the one the command ends with."""
     try:
-        trackers.report(report_to, "repair", dataset, folder, report_repair, record, quiet=quiet)
-    except Exception as exc:  # noqa: BLE001 - a tracker's own error, shown and not raised
+        from dqa import storage
+        from dqa.audit import identity
+        from dqa.repair.work import WorkFolder, default_work_dir
+        from dqa.reports import trackers
+        from dqa.reports.trackers.feed import report_repair
+
+        folder = work if work is not None else default_work_dir(dataset)
+        if storage.is_url(folder) or storage.is_url(dataset):
+            return
+        record = WorkFolder.peek(folder)
+        if record.get("rounds") and record.get("dataset") == identity.dataset_path(dataset):
+            trackers.report(report_to, "repair", dataset, folder, report_repair, record, quiet=quiet)
+    except Exception as exc:  # noqa: BLE001 - shown, not raised: the repair's own error is the one to show
         if not quiet:
             print(f"dqa repair: --report-to: the finished rounds were not reported ({type(exc).__name__}: {exc})",
                   file=sys.stderr)

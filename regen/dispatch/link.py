@@ -50,9 +50,7 @@ class Link:
             except asyncio.CancelledError:
                 if not interrupts.seen:
                     raise
-            finally:
-                if interrupts.seen:
-                    raise KeyboardInterrupt
+        raise AssertionError("unreachable: a step cancelled by a signal ends in _Interrupts.__exit__'s KeyboardInterrupt")
 
     def close(self) -> None:
         """Close the transport's connections, then the loop."""
@@ -73,8 +71,10 @@ class _Interrupts:
     and closing the loop raises it again. asyncio.Runner does the same for SIGINT, but only under
     Python's default handler; here the process's own handler decides: it is called, and its
     ``KeyboardInterrupt`` (if it raises one) becomes the cancellation, re-raised as
-    ``KeyboardInterrupt`` once the step has unwound (``seen``). A handler the step installs itself
-    (the dispatch's ``loop.add_signal_handler``) is left in place on the way out."""
+    ``KeyboardInterrupt`` by ``__exit__`` once the step has unwound and the handlers are back (so a
+    signal at any instant either reaches ``seen`` before that check or the process's handler after
+    it, never neither). A handler the step installs itself (the dispatch's
+    ``loop.add_signal_handler``) is left in place on the way out."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
@@ -84,11 +84,15 @@ class _Interrupts:
 
     def __enter__(self) -> "_Interrupts":
         if self.enabled:  # the run's View.signals: on the main thread (run_view.view checks it)
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                before = signal.getsignal(sig)
-                if callable(before):
-                    self._before[sig] = before
-                    signal.signal(sig, self._on_signal)
+            try:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    before = signal.getsignal(sig)
+                    if callable(before):
+                        self._before[sig] = before
+                        signal.signal(sig, self._on_signal)
+            except BaseException:  # a signal between the two: its KeyboardInterrupt, with the handlers as they were
+                self._restore()
+                raise
         return self
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -101,6 +105,13 @@ class _Interrupts:
                 self.task.get_loop().call_soon_threadsafe(lambda: None)  # wake a loop blocked in select
 
     def __exit__(self, *exc: Any) -> None:
+        """Put the handlers back, then raise ``KeyboardInterrupt`` if a signal was seen (in that order: see the class
+        docstring)."""
+        self._restore()
+        if self.seen:
+            raise KeyboardInterrupt
+
+    def _restore(self) -> None:
         for sig, before in self._before.items():
             if signal.getsignal(sig) == self._on_signal:
                 signal.signal(sig, before)

@@ -105,9 +105,11 @@ def report_regen(trackers: Trackers, snap: Mapping[str, Any]) -> int:
 
 
 def report_repair(trackers: Trackers, record: Mapping[str, Any]) -> None:
-    """Each round of ``repair.json``'s record not reported yet (round number >= the runs' next
-    step), then the final figures. Returns nothing; raises what a tracker raises."""
-    rounds = record.get("rounds") or []
+    """Each finished round of ``repair.json``'s record (its steps done through the rescan) not reported yet (round
+    number >= the runs' next step), then, once the repair has finished (``status``), the final figures. A round
+    still under way (a repair stopped in it) is left to the rerun, which reports it whole. Returns nothing; raises
+    what a tracker raises."""
+    rounds = [r for r in record.get("rounds") or [] if "rescan" in (r.get("done") or ())]
     for r in rounds:
         k = int(r.get("round", 0))
         if k < trackers.step:
@@ -116,6 +118,8 @@ def report_repair(trackers: Trackers, record: Mapping[str, Any]) -> None:
                                                            "elapsed_s", "cost_usd", "still_failing", "cannot_fit")}
         values["repair/planned_cost_usd"] = (r.get("plan") or {}).get("cost_usd")
         trackers.scalars({k_: v for k_, v in values.items() if isinstance(v, (int, float))}, k)
+    if record.get("status") != "finished":
+        return
     final = record.get("final") or {}
     values = {"repair/spent_usd": final.get("spent_usd"), "repair/still_failing_final": final.get("still_failing"),
               "repair/rounds": len(rounds)}
