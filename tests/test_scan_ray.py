@@ -290,6 +290,31 @@ def test_no_cluster_at_the_address_is_exit_2_in_seconds(sets, tmp_path):
     assert time.monotonic() - started < 30 and not (tmp_path / "scan").exists()
 
 
+def test_a_server_that_is_not_ray_at_the_address_is_exit_2_within_the_wait(sets, tmp_path):
+    """An HTTP server accepts the TCP check, and Ray would retry it for minutes: the scan gives Ray
+    ``CLUSTER_WAIT`` seconds (3 here), then says so and exits 2."""
+    import http.server
+    import threading
+
+    data, tok, _ = sets["single-turn"]
+    server = http.server.ThreadingHTTPServer((LOOPBACK, 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        started = time.monotonic()
+        proc = run_cli("scan", data, "-t", tok, "--out", tmp_path / "scan", "--ray", f"{LOOPBACK}:{port}", cwd=tmp_path,
+                       code="import dqa.audit.executors.ray_tasks as t\nt.CLUSTER_WAIT = 3.0")
+        took = time.monotonic() - started
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]  # Ray's own connection warnings may come before it
+    assert last.startswith(f"dqa: error: --ray {LOOPBACK}:{port}: no Ray cluster answered at {LOOPBACK}:{port} within 3 s"), last
+    assert "ray start --head" in last and not (tmp_path / "scan").exists()
+    assert took < 60, took  # not Ray's minutes of retries
+
+
 def test_without_ray_installed_the_fix_is_named(sets, tmp_path):
     data, tok, _ = sets["single-turn"]
     proc = run_cli("scan", data, "-t", tok, "--out", tmp_path / "scan", "--ray", "auto", cwd=tmp_path,

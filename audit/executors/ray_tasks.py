@@ -14,7 +14,8 @@ Faults:
 - a unit that still fails, or raises, fails the scan: ``RuntimeFailure`` (exit 3) naming the unit and the cause,
   after the units before it in dataset order (so the first bad unit is the one named); bad input in a unit is
   the ``InputError`` it raised (exit 2); the other tasks are cancelled;
-- Ray not installed, or no cluster at the address: ``InputError`` (exit 2) with the fix, within seconds.
+- Ray not installed, or no cluster at the address: ``InputError`` (exit 2) with the fix, within seconds (nothing
+  listening) or ``CLUSTER_WAIT`` seconds (a server that is not a Ray cluster, which Ray would retry for minutes).
 
 Ray is imported only here, and only when a scan asks for it (the ``ray`` extra).
 """
@@ -36,6 +37,7 @@ from dqa.memory import reuse_freed_memory
 
 TASK_RETRIES = 3  # Ray's retries of a task whose worker process or node died (its max_retries)
 CONNECT_TIMEOUT = 5.0  # seconds to reach a cluster's address before saying that nothing answers there
+CLUSTER_WAIT = 20.0  # seconds for Ray to connect to what answers there (a cluster connects in about one)
 INSTALL_HINT = "pip install 'dqa[ray]'"
 
 
@@ -152,12 +154,39 @@ def connect(address: str, local_cpus: int) -> RayUnits:
     target = os.environ.get("RAY_ADDRESS") if address == "auto" else address
     if target:
         _check_reachable(target, address)
-    try:
-        ray.init(address=target or "auto", **({} if (target or "").startswith("ray://") else quiet))
-    except ConnectionError as exc:
-        raise InputError(f"--ray {address}: no Ray cluster found ({_first_line(exc)}); start one (ray start --head), "
-                         "set RAY_ADDRESS, or use --ray local") from None
+    _init_within(ray, dict(address=target or "auto", **({} if (target or "").startswith("ray://") else quiet)), address)
     return RayUnits(ray, _cpus(ray), owns_connection=True)
+
+
+def _init_within(ray: Any, kwargs: dict[str, Any], asked: str) -> None:
+    """``ray.init(**kwargs)``, given ``CLUSTER_WAIT`` seconds. Ray itself retries a connection for minutes when
+    something other than a Ray cluster listens at the address (each try waits out gRPC timeouts: 82 s for two tries
+    against an HTTP server, seen), so it runs in a thread of its own, left behind if it is still trying. Raises
+    ``InputError`` when Ray says it found no cluster or has not connected in time."""
+    import threading
+
+    outcome: dict[str, BaseException | None] = {}
+
+    def init() -> None:
+        try:
+            ray.init(**kwargs)
+            outcome["error"] = None
+        except BaseException as exc:  # handed to the scan's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=init, name="dqa-ray-connect", daemon=True)
+    thread.start()
+    thread.join(CLUSTER_WAIT)
+    if "error" not in outcome:
+        raise InputError(f"--ray {asked}: no Ray cluster answered at {kwargs['address']} within {CLUSTER_WAIT:.0f} s "
+                         "(is it a Ray cluster's address, the head's GCS port?); start one (ray start --head), set "
+                         "RAY_ADDRESS, or use --ray local")
+    error = outcome["error"]
+    if isinstance(error, ConnectionError):
+        raise InputError(f"--ray {asked}: no Ray cluster found ({_first_line(error)}); start one (ray start --head), "
+                         "set RAY_ADDRESS, or use --ray local") from None
+    if error is not None:
+        raise error
 
 
 def _check_reachable(target: str, asked: str) -> None:
