@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -196,6 +197,16 @@ def test_findings_are_the_local_pools_row_for_row(name, sets, connected, tmp_pat
     assert len(units) >= 3 and units == list(range(len(units)))  # every unit once, as a Ray task
 
 
+def test_a_relative_path_is_read_by_the_tasks_from_this_working_folder(sets, connected, tmp_path, monkeypatch):
+    """Ray's workers do not run in the driver's working folder: the tasks are handed the files' absolute paths."""
+    data, tok, pooled = sets["single-turn"]
+    (tmp_path / "rel").mkdir()
+    shutil.copy(data, tmp_path / "rel" / "train.parquet")
+    monkeypatch.chdir(tmp_path)
+    connected()
+    assert_same(scan_with("rel/train.parquet", tok, tmp_path / "scan", ray="auto"), pooled)
+
+
 def test_a_set_in_a_bucket_is_read_by_the_tasks_on_their_nodes(sets, cluster, connected, tmp_path):
     data, tok, pooled = sets["multi-turn-in-s3"]
     log = tmp_path / "attempts.log"
@@ -294,7 +305,6 @@ def test_a_server_that_is_not_ray_at_the_address_is_exit_2_within_the_wait(sets,
     """An HTTP server accepts the TCP check, and Ray would retry it for minutes: the scan gives Ray
     ``CLUSTER_WAIT`` seconds (3 here), then says so and exits 2."""
     import http.server
-    import threading
 
     data, tok, _ = sets["single-turn"]
     server = http.server.ThreadingHTTPServer((LOOPBACK, 0), http.server.SimpleHTTPRequestHandler)

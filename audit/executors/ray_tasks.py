@@ -22,6 +22,7 @@ Ray is imported only here, and only when a scan asks for it (the ``ray`` extra).
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import socket
@@ -64,7 +65,7 @@ class RayUnits:
                 started: Callable[[], None]) -> Iterator[UnitDone]:
         """See ``dqa.audit.executors.UnitRunner.results``."""
         ray = self._ray
-        shared = ray.put((ds, tables))
+        shared = ray.put((_with_absolute_files(ds), tables))
         remote = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(scan_on_node)
         pending = {remote.remote(shared, task): task for task in tasks}
         done: dict[int, UnitDone] = {}
@@ -91,6 +92,17 @@ class RayUnits:
         finally:
             for ref in pending:
                 ray.cancel(ref, force=True)
+
+
+def _with_absolute_files(ds: Dataset) -> Dataset:
+    """``ds``, or a copy whose local files are absolute paths: a Ray worker does not run in this process's working
+    folder (a relative path failed as "no such file" on a ``ray start`` cluster of this machine). URLs stay as they
+    are."""
+    if all(not isinstance(f, Path) or f.is_absolute() for f in ds.files):
+        return ds
+    seen = copy.copy(ds)
+    seen.files = [f.absolute() if isinstance(f, Path) else f for f in ds.files]
+    return seen
 
 
 def scan_on_node(shared: tuple[Dataset, KernelTables], task: UnitTask) -> tuple[UnitDone, bytes, bytes]:
