@@ -108,7 +108,7 @@ def _run(dataset, out, endpoint, fleet, tokenizer, rounds, budget_usd, gpu_hour_
     return result.exit_code
 
 
-def _report_stopped(report_to: list[str], dataset: str, work: "str | None", quiet: bool) -> None:
+def _report_stopped(report_to: list[str], dataset: str, work: str | None, quiet: bool) -> None:
     """Report to the trackers of ``report_to`` the rounds a stopped repair of ``dataset`` finished, as its work
     folder's ``repair.json`` records them (``feed.report_repair`` reports finished rounds only, so the rerun reports
     the rest). Nothing happens for a work folder in a store or a record of another dataset's repair. Never raises:

@@ -82,7 +82,7 @@ class _Interrupts:
         self.seen = False
         self._before: dict[int, Any] = {}
 
-    def __enter__(self) -> "_Interrupts":
+    def __enter__(self) -> _Interrupts:
         if self.enabled:  # the run's View.signals: on the main thread (run_view.view checks it)
             try:
                 for sig in (signal.SIGINT, signal.SIGTERM):
@@ -104,7 +104,7 @@ class _Interrupts:
                 self.task.cancel()
                 self.task.get_loop().call_soon_threadsafe(lambda: None)  # wake a loop blocked in select
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         """Put the handlers back, then raise ``KeyboardInterrupt`` if a signal was seen (in that order: see the class
         docstring)."""
         self._restore()
