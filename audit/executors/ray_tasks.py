@@ -95,11 +95,9 @@ class RayUnits:
 
 
 def _with_absolute_files(ds: Dataset) -> Dataset:
-    """``ds``, or a copy whose local files are absolute paths: a Ray worker does not run in this process's working
+    """A copy of ``ds`` whose local files are absolute paths: a Ray worker does not run in this process's working
     folder (a relative path failed as "no such file" on a ``ray start`` cluster of this machine). URLs stay as they
     are."""
-    if all(not isinstance(f, Path) or f.is_absolute() for f in ds.files):
-        return ds
     seen = copy.copy(ds)
     seen.files = [f.absolute() if isinstance(f, Path) else f for f in ds.files]
     return seen
@@ -186,6 +184,7 @@ def _init_within(ray: Any, kwargs: dict[str, Any], asked: str) -> None:
         except BaseException as exc:  # handed to the scan's thread
             outcome["error"] = exc
 
+    # A daemon thread, not concurrent.futures': its threads are joined at exit, which would wait out Ray's retries.
     thread = threading.Thread(target=init, name="dqa-ray-connect", daemon=True)
     thread.start()
     thread.join(CLUSTER_WAIT)

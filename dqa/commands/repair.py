@@ -95,13 +95,12 @@ def _run(dataset, out, endpoint, fleet, tokenizer, rounds, budget_usd, gpu_hour_
         if report_to:
             _report_stopped(report_to, dataset, work, quiet or as_json)
         raise
+    record = json.loads((result.work / "repair.json").read_text())  # read once: for the trackers and --json
     if report_to:
         from dqa.reports.trackers.feed import report_repair
 
-        trackers.report(report_to, "repair", dataset, result.work, report_repair, json.loads((result.work / "repair.json").read_text()),
-                        quiet=quiet or as_json)
+        trackers.report(report_to, "repair", dataset, result.work, report_repair, record, quiet=quiet or as_json)
     if as_json:
-        record = json.loads((result.work / "repair.json").read_text())
         print(json.dumps(record, indent=2))
     elif not quiet:
         print(result.message)
