@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -269,23 +270,37 @@ def run_cli(*args, cwd: Path, env: dict | None = None, code: str | None = None) 
                           env={**os.environ, **(env or {})})
 
 
-def raylets() -> set[int]:
-    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] in ("raylet", "gcs_server")}
+def cluster_processes(ray_tmp: Path) -> set[int]:
+    """The live GCS and raylet processes of clusters whose files are under ``ray_tmp`` (Ray's RAY_TMPDIR): those
+    of one scan's own cluster, whatever other clusters run on the machine. A zombie (dead, not yet reaped by its
+    adopter) has no command line and is not counted."""
+    found = set()
+    for p in psutil.process_iter(["name", "cmdline", "status"]):
+        if (p.info["name"] in ("raylet", "gcs_server") and p.info["status"] != psutil.STATUS_ZOMBIE
+                and str(ray_tmp) in " ".join(p.info["cmdline"] or ())):
+            found.add(p.pid)
+    return found
 
 
 def test_ray_local_starts_a_cluster_for_the_scan_and_stops_it(sets, cluster, tmp_path):
     data, tok, pooled = sets["multi-turn"]
-    before = raylets()
-    proc = run_cli("scan", data, "-t", tok, "--out", tmp_path / "scan", "--batch-rows", BATCH_ROWS, "--workers", 2,
-                   "--ray", "local", "--json", cwd=tmp_path)
-    assert proc.returncode == 1, proc.stderr  # defects found, as planted
-    assert proc.stderr.strip() == ""
-    got = {name: pl.read_parquet(tmp_path / "scan" / f"{name}.parquet") for name in ("findings", "metrics", "turns")}
-    assert_same({**got, "summary": json.loads(proc.stdout)}, pooled)
-    deadline = time.monotonic() + 20
-    while raylets() - before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not raylets() - before, "the local cluster outlived the scan"
+    # Ray's files for the scan's own cluster in a folder of this test's (short: Ray's socket paths must fit 107
+    # bytes), so that its processes are told apart from the module's cluster and any other on the machine.
+    ray_tmp = Path(tempfile.mkdtemp(prefix="dqa-ray-", dir="/tmp"))
+    try:
+        proc = run_cli("scan", data, "-t", tok, "--out", tmp_path / "scan", "--batch-rows", BATCH_ROWS, "--workers", 2,
+                       "--ray", "local", "--json", cwd=tmp_path, env={"RAY_TMPDIR": str(ray_tmp)})
+        assert proc.returncode == 1, proc.stderr  # defects found, as planted
+        assert proc.stderr.strip() == ""
+        got = {name: pl.read_parquet(tmp_path / "scan" / f"{name}.parquet") for name in ("findings", "metrics", "turns")}
+        assert_same({**got, "summary": json.loads(proc.stdout)}, pooled)
+        assert list((ray_tmp / "ray").glob("session_2*")), "the scan started no cluster of its own"
+        deadline = time.monotonic() + 20
+        while cluster_processes(ray_tmp) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not cluster_processes(ray_tmp), "the local cluster outlived the scan"
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def test_no_cluster_at_the_address_is_exit_2_in_seconds(sets, tmp_path):
