@@ -175,14 +175,25 @@ def test_all_endpoints_down_stops_with_exit_3_and_a_rerun_resumes(tmp_path, flee
     out = tmp_path / "out"
     urls = [s.url for s in fleet]
 
+    run_over = threading.Event()
+    killed = threading.Event()
+
     def kill_all() -> None:
-        assert wait_until(lambda: sum(served(s) for s in fleet) >= 40, 120)
-        for s in fleet:
-            s.kill()
+        if wait_until(lambda: run_over.is_set() or sum(served(s) for s in fleet) >= 40, 120) and not run_over.is_set():
+            for s in fleet:
+                s.kill()
+            killed.set()
 
     t = in_background(kill_all)
-    result, wall1 = run(fast_config(regen_data, out, urls, log, down_deadline=1.0))
+    # Only the kill may take the endpoints out: health checks and requests get timeouts a loaded machine cannot
+    # miss (a killed server refuses connections, which takes it out at once), so the 1 s to stop counts from it.
+    try:
+        result, wall1 = run(fast_config(regen_data, out, urls, log, down_deadline=1.0, health_timeout=20.0,
+                                        request_timeout=60.0, connect_timeout=20.0))
+    finally:
+        run_over.set()
     join_ok(t)
+    assert killed.is_set(), f"the run ended before the endpoints were killed: {result.exit_code} {result.message}"
     assert result.exit_code == 3
     assert "down" in result.message and "rerun" in result.message, result.message
     done_first = assert_no_duplicate_rows(out)
