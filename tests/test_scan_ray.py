@@ -9,14 +9,17 @@ no CPUs and two nodes of one CPU each, every one on 127.0.0.1 and nothing else. 
 - a node lost while it scans a unit: Ray runs the unit again elsewhere, and the findings are the same;
 - a unit that always fails (its worker dies every time, or it raises) fails the scan with exit 3 and one line
   naming the unit, and leaves no scan folder;
-- ``--ray local`` starts a cluster of its own for the scan and stops it; no cluster at an address, or no Ray
-  installed, is exit 2 with the fix, in seconds; a scan without ``--ray`` never imports Ray.
+- ``--ray local`` starts a cluster of its own for the scan and stops it; no cluster at an address, a cluster
+  that refuses this process's authentication token, or no Ray installed, is exit 2 with the fix, in seconds; a
+  scan without ``--ray`` never imports Ray.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -264,10 +267,12 @@ def test_a_unit_that_always_fails_exits_3_naming_it(how, says, sets, connected, 
 
 
 def run_cli(*args, cwd: Path, env: dict | None = None, code: str | None = None) -> subprocess.CompletedProcess:
-    """``dqa ARGS`` in a new process (``code``: Python run before the CLI's main)."""
+    """``dqa ARGS`` in a new process (``code``: Python run before the CLI's main; ``env``: variables to set, None to
+    unset)."""
     prog = (code or "") + f"\nimport sys\nsys.argv = ['dqa', *{[str(a) for a in args]!r}]\nfrom dqa.cli import main\nmain()\n"
+    merged = {**os.environ, **(env or {})}  # a None in env: that variable unset
     return subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, cwd=cwd, timeout=300,
-                          env={**os.environ, **(env or {})})
+                          env={k: v for k, v in merged.items() if v is not None})
 
 
 def cluster_processes(ray_tmp: Path) -> set[int]:
@@ -338,6 +343,57 @@ def test_a_server_that_is_not_ray_at_the_address_is_exit_2_within_the_wait(sets,
     assert last.startswith(f"dqa: error: --ray {LOOPBACK}:{port}: no Ray cluster answered at {LOOPBACK}:{port} within 3 s"), last
     assert "ray start --head" in last and not (tmp_path / "scan").exists()
     assert took < 60, took  # not Ray's minutes of retries
+
+
+def test_a_cluster_with_token_authentication_names_ray_auth_mode_in_seconds(sets, tmp_path):
+    """A head started by ``ray start`` with token authentication (Ray's default for a new cluster). Ray sends its
+    token to an address named explicitly (RAY_ADDRESS, --ray HOST:PORT) only under RAY_AUTH_MODE=token, and
+    without it retries for minutes: the scan says so within seconds, and the fix it names works."""
+    data, tok, pooled = sets["single-turn"]
+    token = secrets.token_hex(16)
+    home = tmp_path / "home"  # no ~/.ray/auth_token of this machine's
+    home.mkdir()
+    ray_tmp = Path(tempfile.mkdtemp(prefix="dqa-ray-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        port = s.getsockname()[1]
+    head = {"HOME": str(home), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    try:
+        subprocess.run([str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={port}", "--num-cpus=1",
+                        f"--node-ip-address={LOOPBACK}", f"--temp-dir={ray_tmp}", "--include-dashboard=false",
+                        "--disable-usage-stats", f"--object-store-memory={STORE_MEMORY}"],
+                       env={**os.environ, **head}, check=True, capture_output=True, timeout=120)
+        address = f"{LOOPBACK}:{port}"
+        common = {"HOME": str(home), "RAY_ADDRESS": address, "RAY_AUTH_TOKEN": None, "RAY_AUTH_MODE": None}
+        for env, says in [({}, "requires an authentication token, which Ray sends to an address named explicitly "
+                               "only with RAY_AUTH_MODE=token: set RAY_AUTH_MODE=token"),
+                          ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 32}, "refused this process's "
+                               "authentication token (RAY_AUTH_MODE=token)")]:
+            started = time.monotonic()
+            proc = run_cli("scan", data, "-t", tok, "--out", tmp_path / "scan", "--ray", "auto", cwd=tmp_path,
+                           env={**common, **env})
+            assert proc.returncode == 2, proc.stderr
+            last = proc.stderr.strip().splitlines()[-1]  # after one warning line of Ray's own, saying the same
+            assert last.startswith(f"dqa: error: --ray auto: the Ray cluster at {address} ") and says in last, last
+            assert time.monotonic() - started < 15 and not (tmp_path / "scan").exists()  # not CLUSTER_WAIT's 20 s
+        proc = run_cli("scan", data, "-t", tok, "--out", tmp_path / "scan", "--batch-rows", BATCH_ROWS, "--ray", "auto",
+                       "--json", cwd=tmp_path, env={**common, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+        assert proc.returncode == 1, proc.stderr  # the fix named: connected, and the planted defects found
+        got = {name: pl.read_parquet(tmp_path / "scan" / f"{name}.parquet") for name in ("findings", "metrics", "turns")}
+        assert_same({**got, "summary": json.loads(proc.stdout)}, pooled)
+    finally:
+        stop_processes_under(ray_tmp)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def stop_processes_under(ray_tmp: Path) -> None:
+    """Kill every process whose command line names ``ray_tmp``: a ``ray start`` cluster of this test's, leaving the
+    module's cluster (``ray stop`` would stop every cluster on the machine)."""
+    procs = [p for p in psutil.process_iter(["cmdline"]) if str(ray_tmp) in " ".join(p.info["cmdline"] or ())]
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(procs, timeout=20)
 
 
 def test_without_ray_installed_the_fix_is_named(sets, tmp_path):

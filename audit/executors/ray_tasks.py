@@ -15,7 +15,9 @@ Faults:
   after the units before it in dataset order (so the first bad unit is the one named); bad input in a unit is
   the ``InputError`` it raised (exit 2); the other tasks are cancelled;
 - Ray not installed, or no cluster at the address: ``InputError`` (exit 2) with the fix, within seconds (nothing
-  listening) or ``CLUSTER_WAIT`` seconds (a server that is not a Ray cluster, which Ray would retry for minutes).
+  listening) or ``CLUSTER_WAIT`` seconds (a server that is not a Ray cluster, which Ray would retry for minutes);
+  a cluster that refuses this process's authentication token (or its lack of one): ``InputError`` naming
+  ``RAY_AUTH_MODE=token``, within seconds.
 
 Ray is imported only here, and only when a scan asks for it (the ``ray`` extra).
 """
@@ -164,21 +166,28 @@ def connect(address: str, local_cpus: int) -> RayUnits:
     target = os.environ.get("RAY_ADDRESS") if address == "auto" else address
     if target:
         _check_reachable(target, address)
-    _init_within(ray, dict(address=target or "auto", **({} if (target or "").startswith("ray://") else quiet)), address)
+    client = (target or "").startswith("ray://")
+    _init_within(ray, dict(address=target or "auto", **({} if client else quiet)), address,
+                 gcs=target if target and not client else None)
     return RayUnits(ray, _cpus(ray), owns_connection=True)
 
 
-def _init_within(ray: Any, kwargs: dict[str, Any], asked: str) -> None:
+def _init_within(ray: Any, kwargs: dict[str, Any], asked: str, gcs: str | None = None) -> None:
     """``ray.init(**kwargs)``, given ``CLUSTER_WAIT`` seconds. Ray itself retries a connection for minutes when
     something other than a Ray cluster listens at the address (each try waits out gRPC timeouts: 82 s for two tries
-    against an HTTP server, seen), so it runs in a thread of its own, left behind if it is still trying. Raises
-    ``InputError`` when Ray says it found no cluster or has not connected in time."""
+    against an HTTP server, seen), so it runs in a thread of its own, left behind if it is still trying. With
+    ``gcs`` (an explicit ``HOST:PORT``), the cluster's GCS is asked first whether it takes this process's
+    authentication (``_check_token``): where it does not, ``ray.init`` would retry for minutes too. Raises
+    ``InputError`` when Ray says it found no cluster, the cluster refuses this process's token (or its lack of
+    one), or it has not connected in time."""
     import threading
 
     outcome: dict[str, BaseException | None] = {}
 
     def init() -> None:
         try:
+            if gcs is not None:
+                _check_token(gcs)
             ray.init(**kwargs)
             outcome["error"] = None
         except BaseException as exc:  # handed to the scan's thread
@@ -193,11 +202,45 @@ def _init_within(ray: Any, kwargs: dict[str, Any], asked: str) -> None:
                          "(is it a Ray cluster's address, the head's GCS port?); start one (ray start --head), set "
                          "RAY_ADDRESS, or use --ray local")
     error = outcome["error"]
+    if isinstance(error, ray.exceptions.AuthenticationError):
+        raise InputError(f"--ray {asked}: {_token_fix(kwargs['address'])}") from None
     if isinstance(error, ConnectionError):
         raise InputError(f"--ray {asked}: no Ray cluster found ({_first_line(error)}); start one (ray start --head), "
                          "set RAY_ADDRESS, or use --ray local") from None
     if error is not None:
         raise error
+
+
+def _check_token(gcs: str) -> None:
+    """Open a client of the GCS at ``gcs`` (``HOST:PORT``) as ``ray.init`` would, which fetches the cluster's ID
+    once. Raises ``ray.exceptions.AuthenticationError`` when the cluster refuses this process's token, within a
+    second (Ray's C++ client logs one warning line saying so on stderr); other failures are left to ``ray.init``."""
+    from ray.exceptions import AuthenticationError
+
+    try:
+        from ray._raylet import GcsClient  # Ray's own GCS client (``ray status`` uses it); not in its public API
+    except ImportError:
+        return
+    try:
+        GcsClient(address=gcs)
+    except AuthenticationError:
+        raise
+    except Exception:  # noqa: BLE001 (ray.init meets it again, and says what it is)
+        pass
+
+
+def _token_fix(address: str) -> str:
+    """What to do when the cluster at ``address`` refused this process's authentication token, or its lack of one.
+    Ray sends its token (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``) to a cluster found on
+    this machine, but to an address named explicitly (``--ray HOST:PORT``, ``RAY_ADDRESS``) only under
+    ``RAY_AUTH_MODE=token``."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+        return (f"the Ray cluster at {address} refused this process's authentication token (RAY_AUTH_MODE=token); "
+                "give it the cluster's token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)")
+    return (f"the Ray cluster at {address} requires an authentication token, which Ray sends to an address named "
+            "explicitly only with RAY_AUTH_MODE=token: set RAY_AUTH_MODE=token and the cluster's token "
+            "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token), or on the head node use --ray auto "
+            "without RAY_ADDRESS")
 
 
 def _check_reachable(target: str, asked: str) -> None:
