@@ -34,7 +34,8 @@ class UnitRunner(Protocol):
         """Run ``tasks`` and yield their ``UnitDone``s in unit order, each once its parts are in place; call
         ``started`` once, in this process, when the units are running. Raises ``InputError`` for the first bad
         unit in order, ``RuntimeFailure`` for a unit that could not be scanned, and what ``started`` raises; the
-        units still running are stopped then, and when the caller stops iterating."""
+        units still running are stopped then, and when the caller stops iterating (Ray tasks on a caller's own
+        connection run out instead: ``ray_tasks.RayUnits.results``)."""
         ...
 
 

@@ -13,7 +13,8 @@ Faults:
   for system failures), and its result is the same, since a unit's result depends only on its rows;
 - a unit that still fails, or raises, fails the scan: ``RuntimeFailure`` (exit 3) naming the unit and the cause,
   after the units before it in dataset order (so the first bad unit is the one named); bad input in a unit is
-  the ``InputError`` it raised (exit 2); the other tasks are cancelled;
+  the ``InputError`` it raised (exit 2); the other tasks stop with the job when the connection is this scan's
+  own (``dqa scan``), and run out on a caller's (``RayUnits.results`` says why they are not cancelled);
 - Ray not installed, or no cluster at the address: ``InputError`` (exit 2) with the fix, within seconds (nothing
   listening) or ``CLUSTER_WAIT`` seconds (a server that is not a Ray cluster, which Ray would retry for minutes);
   a cluster that refuses this process's authentication token (or its lack of one): ``InputError`` naming
@@ -92,8 +93,12 @@ class RayUnits:
                 if following in failed:
                     raise _failure(failed[following], tasks[following], ray) from None
         finally:
-            for ref in pending:
-                ray.cancel(ref, force=True)
+            # The tasks left are not cancelled: Ray's cancellation of a task can race the task's reply and abort this
+            # process (a failed check in its core worker's task manager, "it != submissible_tasks_.end()", seen with
+            # Ray 2.60 in this project's CI after a unit failed). With a connection of its own, ``close`` ends the
+            # job and Ray stops the job's tasks with it; on a caller's connection they run out (a unit is seconds of
+            # work) and their results go with their references, dropped here.
+            pending.clear()
 
 
 def _with_absolute_files(ds: Dataset) -> Dataset:
