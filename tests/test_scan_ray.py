@@ -275,30 +275,49 @@ def run_cli(*args, cwd: Path, env: dict | None = None, code: str | None = None) 
                           env={k: v for k, v in merged.items() if v is not None})
 
 
+def short_ray_tmp() -> Path:
+    """A new folder for a cluster's files (Ray's RAY_TMPDIR, ``ray start --temp-dir``), so that its processes are
+    told apart from the module's cluster and any other on the machine; under /tmp, since Ray's socket paths in it
+    must fit 107 bytes."""
+    return Path(tempfile.mkdtemp(prefix="dqa-ray-", dir="/tmp"))
+
+
+def processes_under(ray_tmp: Path) -> list[psutil.Process]:
+    """The processes whose command line names ``ray_tmp``: those of the clusters whose files are there. A zombie
+    (dead, not yet reaped by its adopter) has no command line and is not among them."""
+    return [p for p in psutil.process_iter(["cmdline", "name"]) if str(ray_tmp) in " ".join(p.info["cmdline"] or ())]
+
+
 def cluster_processes(ray_tmp: Path) -> set[int]:
-    """The live GCS and raylet processes of clusters whose files are under ``ray_tmp`` (Ray's RAY_TMPDIR): those
-    of one scan's own cluster, whatever other clusters run on the machine. A zombie (dead, not yet reaped by its
-    adopter) has no command line and is not counted."""
-    found = set()
-    for p in psutil.process_iter(["name", "cmdline", "status"]):
-        if (p.info["name"] in ("raylet", "gcs_server") and p.info["status"] != psutil.STATUS_ZOMBIE
-                and str(ray_tmp) in " ".join(p.info["cmdline"] or ())):
-            found.add(p.pid)
-    return found
+    """The GCS and raylet processes among ``processes_under(ray_tmp)``."""
+    return {p.pid for p in processes_under(ray_tmp) if p.info["name"] in ("raylet", "gcs_server")}
+
+
+def stop_processes_under(ray_tmp: Path) -> None:
+    """Kill ``processes_under(ray_tmp)``: a ``ray start`` cluster of a test's, leaving the module's cluster (``ray
+    stop`` would stop every cluster on the machine)."""
+    procs = processes_under(ray_tmp)
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(procs, timeout=20)
+
+
+def assert_cli_scan_same(proc: subprocess.CompletedProcess, out: Path, pooled: dict) -> None:
+    """A ``dqa scan --json`` run's scan folder ``out`` and printed summary are the local pool's."""
+    got = {name: pl.read_parquet(out / f"{name}.parquet") for name in ("findings", "metrics", "turns")}
+    assert_same({**got, "summary": json.loads(proc.stdout)}, pooled)
 
 
 def test_ray_local_starts_a_cluster_for_the_scan_and_stops_it(sets, cluster, tmp_path):
     data, tok, pooled = sets["multi-turn"]
-    # Ray's files for the scan's own cluster in a folder of this test's (short: Ray's socket paths must fit 107
-    # bytes), so that its processes are told apart from the module's cluster and any other on the machine.
-    ray_tmp = Path(tempfile.mkdtemp(prefix="dqa-ray-", dir="/tmp"))
+    ray_tmp = short_ray_tmp()  # the scan's own cluster's files
     try:
         proc = run_cli("scan", data, "-t", tok, "--out", tmp_path / "scan", "--batch-rows", BATCH_ROWS, "--workers", 2,
                        "--ray", "local", "--json", cwd=tmp_path, env={"RAY_TMPDIR": str(ray_tmp)})
         assert proc.returncode == 1, proc.stderr  # defects found, as planted
         assert proc.stderr.strip() == ""
-        got = {name: pl.read_parquet(tmp_path / "scan" / f"{name}.parquet") for name in ("findings", "metrics", "turns")}
-        assert_same({**got, "summary": json.loads(proc.stdout)}, pooled)
+        assert_cli_scan_same(proc, tmp_path / "scan", pooled)
         assert list((ray_tmp / "ray").glob("session_2*")), "the scan started no cluster of its own"
         deadline = time.monotonic() + 20
         while cluster_processes(ray_tmp) and time.monotonic() < deadline:
@@ -353,7 +372,7 @@ def test_a_cluster_with_token_authentication_names_ray_auth_mode_in_seconds(sets
     token = secrets.token_hex(16)
     home = tmp_path / "home"  # no ~/.ray/auth_token of this machine's
     home.mkdir()
-    ray_tmp = Path(tempfile.mkdtemp(prefix="dqa-ray-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    ray_tmp = short_ray_tmp()
     with socket.socket() as s:
         s.bind((LOOPBACK, 0))
         port = s.getsockname()[1]
@@ -379,21 +398,10 @@ def test_a_cluster_with_token_authentication_names_ray_auth_mode_in_seconds(sets
         proc = run_cli("scan", data, "-t", tok, "--out", tmp_path / "scan", "--batch-rows", BATCH_ROWS, "--ray", "auto",
                        "--json", cwd=tmp_path, env={**common, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
         assert proc.returncode == 1, proc.stderr  # the fix named: connected, and the planted defects found
-        got = {name: pl.read_parquet(tmp_path / "scan" / f"{name}.parquet") for name in ("findings", "metrics", "turns")}
-        assert_same({**got, "summary": json.loads(proc.stdout)}, pooled)
+        assert_cli_scan_same(proc, tmp_path / "scan", pooled)
     finally:
         stop_processes_under(ray_tmp)
         shutil.rmtree(ray_tmp, ignore_errors=True)
-
-
-def stop_processes_under(ray_tmp: Path) -> None:
-    """Kill every process whose command line names ``ray_tmp``: a ``ray start`` cluster of this test's, leaving the
-    module's cluster (``ray stop`` would stop every cluster on the machine)."""
-    procs = [p for p in psutil.process_iter(["cmdline"]) if str(ray_tmp) in " ".join(p.info["cmdline"] or ())]
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(procs, timeout=20)
 
 
 def test_without_ray_installed_the_fix_is_named(sets, tmp_path):

@@ -74,31 +74,28 @@ class RayUnits:
         done: dict[int, UnitDone] = {}
         failed: dict[int, BaseException] = {}
         following = 0  # the next unit to hand back, in unit order
-        try:
-            started()
-            while following < len(tasks):
-                ready, _ = ray.wait(list(pending), num_returns=1)
-                for ref in ready:
-                    task = pending.pop(ref)
-                    try:
-                        result = ray.get(ref)
-                    except Exception as exc:  # Ray's wrapping of the task's error or of a lost worker
-                        failed[task.k] = exc
-                    else:
-                        done[task.k] = _unpack(result, task)
-                    del ref
-                while following in done:
-                    yield done.pop(following)
-                    following += 1
-                if following in failed:
-                    raise _failure(failed[following], tasks[following], ray) from None
-        finally:
-            # The tasks left are not cancelled: Ray's cancellation of a task can race the task's reply and abort this
-            # process (a failed check in its core worker's task manager, "it != submissible_tasks_.end()", seen with
-            # Ray 2.60 in this project's CI after a unit failed). With a connection of its own, ``close`` ends the
-            # job and Ray stops the job's tasks with it; on a caller's connection they run out (a unit is seconds of
-            # work) and their results go with their references, dropped here.
-            pending.clear()
+        # The tasks left when this stops (a unit failed, the caller stopped) are not cancelled: Ray's cancellation of
+        # a task can race the task's reply and abort this process (a failed check in its core worker's task manager,
+        # "it != submissible_tasks_.end()", seen with Ray 2.60 in this project's CI after a unit failed). With a
+        # connection of its own, ``close`` ends the job and Ray stops the job's tasks with it; on a caller's
+        # connection they run out (a unit is seconds of work) and their results go with their references.
+        started()
+        while following < len(tasks):
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                task = pending.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except Exception as exc:  # Ray's wrapping of the task's error or of a lost worker
+                    failed[task.k] = exc
+                else:
+                    done[task.k] = _unpack(result, task)
+                del ref
+            while following in done:
+                yield done.pop(following)
+                following += 1
+            if following in failed:
+                raise _failure(failed[following], tasks[following], ray) from None
 
 
 def _with_absolute_files(ds: Dataset) -> Dataset:
