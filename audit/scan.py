@@ -28,7 +28,7 @@ from dqa.audit.kernels import KernelTables
 from dqa.audit.readers import Dataset, open_dataset
 from dqa.audit.scan_folder import SCAN_FILES, SUMMARY_FILE, is_scan_folder, is_store_failure, read_summary, shown, writing
 from dqa.audit.scan_options import DEFAULT_BATCH_ROWS, ScanOptions  # noqa: F401 (re-exported: dqa.audit.scan.ScanOptions)
-from dqa.audit.executors import scan_parts
+from dqa.audit.executors import scan_parts, unit_runner
 from dqa.audit.template import load_template
 from dqa.errors import InputError
 from dqa.memory import reuse_freed_memory
@@ -131,14 +131,16 @@ def run_scan(
     ds.set_chat_format(spec, options.last_turn_only)  # conversation JSONL is rendered and masked with it
     tables = KernelTables.build(spec)
     target = out_dir if out_dir is not None else default_out_dir(dataset)
-    with writing(target) as out:  # a URL: staged here, published with summary.json last
-        result = _scan_into(out, ds, dataset, spec, tables, options, selected, params, progress, workers, t0)
+    # The runner is closed once the outputs are written (a URL: staged here, published with summary.json last):
+    # a Ray connection of the scan's own ends while they are (dqa.audit.executors.ray_tasks).
+    with unit_runner(options.ray, workers) as runner, writing(target) as out:
+        result = _scan_into(out, ds, dataset, spec, tables, options, selected, params, progress, runner, t0)
     result.out_dir = shown(target, result.out_dir)
     return result
 
 
 def _scan_into(out: Path, ds: Dataset, dataset: "str | Path", spec: Any, tables: KernelTables, options: ScanOptions,
-               selected: Any, params: Any, progress: ProgressFn | None, workers: int, t0: float) -> ScanResult:
+               selected: Any, params: Any, progress: ProgressFn | None, runner: Any, t0: float) -> ScanResult:
     """Scan ``ds`` into the local folder ``out`` (built beside it, then moved in: see ``run_scan``)."""
     atomic.check_output_dir(out, [dataset], is_scan_folder, "dqa scan folder")
     previous = read_summary(out) if is_scan_folder(out) else None
@@ -148,8 +150,8 @@ def _scan_into(out: Path, ds: Dataset, dataset: "str | Path", spec: Any, tables:
     dropped = [] if previous is None or previous.get("fingerprint") == fingerprint else identity.derived_outputs(out)
     work = atomic.make_work_dir(out)
     try:
-        metrics, turns, rows, tokens = scan_parts(ds, tables, work, options.batch_rows, progress, workers,
-                                                  options.ray, meanwhile=_import_results)
+        metrics, turns, rows, tokens = scan_parts(ds, tables, work, options.batch_rows, progress, runner,
+                                                  meanwhile=_import_results)
         if rows == 0:
             raise InputError(f"{dataset}: no rows (an empty dataset)")
         from dqa.audit.scan_results import write_results

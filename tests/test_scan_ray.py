@@ -199,6 +199,18 @@ def test_findings_are_the_local_pools_row_for_row(name, sets, connected, tmp_pat
     assert_same(scan_with(data, tok, tmp_path / "scan", ray="auto"), pooled)
     units = sorted(k for k, _, _ in attempts(log))
     assert len(units) >= 3 and units == list(range(len(units)))  # every unit once, as a Ray task
+    assert ray.is_initialized()  # the caller's connection stays the caller's
+
+
+def test_a_scan_on_a_connection_of_its_own_has_ended_it_when_it_returns(sets, cluster, tmp_path):
+    """The scan disconnects while it merges and writes (in a thread of its own), and is done with that by the time
+    it returns: the next scan connects again."""
+    data, tok, pooled = sets["single-turn"]
+    assert not ray.is_initialized()
+    for k in range(2):
+        assert_same(scan_with(data, tok, tmp_path / f"scan-{k}", ray=cluster.address), pooled)
+        assert not ray.is_initialized()
+        assert not [t for t in threading.enumerate() if t.name.startswith("dqa-ray")]
 
 
 def test_a_relative_path_is_read_by_the_tasks_from_this_working_folder(sets, connected, tmp_path, monkeypatch):

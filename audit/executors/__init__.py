@@ -1,8 +1,8 @@
 """Scan executors: where a scan's units run (``dqa.audit.scan_workers``' ``UnitTask``s).
 
-``scan_parts`` picks the executor from the scan's options and runs the pass on it. An executor (``UnitRunner``) runs every unit with ``scan_workers.scan_unit``, leaves each unit's parts at its
-task's ``pair`` paths in the scan's local work folder, and yields the units' ``UnitDone``s in unit order. The merge
-of the parts (reading them back, the set-level counts, the format check) is ``scan_workers.scan_parts``', shared
+``unit_runner`` picks the executor from the scan's options; ``scan_parts`` runs the pass on it. An executor
+(``UnitRunner``) runs every unit with ``scan_workers.scan_unit``, leaves each unit's parts at its task's ``pair``
+paths in the scan's local work folder, and yields the units' ``UnitDone``s in unit order. The merge of the parts (reading them back, the set-level counts, the format check) is ``scan_workers.scan_parts``', shared
 by every executor: an executor decides only where the units run.
 
 - ``processes.ProcessUnits``: a process pool on this machine (``dqa scan --workers N``).
@@ -40,19 +40,20 @@ class UnitRunner(Protocol):
 
 
 def scan_parts(ds: "Dataset", tables: "KernelTables", work: Path, batch_rows: int,
-               progress: "scan_workers.ProgressFn | None", workers: int, ray: str | None = None,
+               progress: "scan_workers.ProgressFn | None", runner: "UnitRunner | None",
                meanwhile: Callable[[], None] | None = None) -> tuple[Any, Any, int, int]:
-    """The scan's kernel pass (``scan_workers.scan_parts``, which returns ``(metrics, turns, rows, tokens)``) with
-    its units on Ray when ``ray`` names a cluster (``ray_tasks.connect``: auto, local, an address; with ``local``,
-    ``workers`` is the local cluster's CPUs), else on a pool of ``workers`` processes when that is more than one,
-    else in this process. Raises what ``scan_workers.scan_parts`` raises, and ``InputError`` when the Ray cluster
-    cannot be reached (before any unit runs)."""
-    with _runner(ray, workers) as runner:
-        return scan_workers.scan_parts(ds, tables, work, batch_rows, progress, meanwhile, runner)
+    """The scan's kernel pass on ``runner`` (``unit_runner``'s; None: in this process): ``scan_workers.scan_parts``,
+    which returns ``(metrics, turns, rows, tokens)`` and says what it raises."""
+    return scan_workers.scan_parts(ds, tables, work, batch_rows, progress, meanwhile, runner)
 
 
-def _runner(ray: str | None, workers: int) -> Any:
-    """A context holding the ``UnitRunner`` (None: this process)."""
+def unit_runner(ray: str | None, workers: int) -> Any:
+    """A context holding the scan's ``UnitRunner`` (None: the units run in this process), for
+    ``scan_workers.scan_parts``: Ray tasks when ``ray`` names a cluster (``ray_tasks.connect``: auto, local, an
+    address; with ``local``, ``workers`` is the local cluster's CPUs), else a pool of ``workers`` processes when
+    that is more than one. The scan opens it before its own preparations and closes it after its outputs are
+    written: a Ray job's worker processes start, and its connection ends, while this process does that work.
+    Raises ``InputError`` when the Ray cluster cannot be reached."""
     if ray is not None:
         from dqa.audit.executors.ray_tasks import connect
 

@@ -6,7 +6,9 @@ returns the parts' bytes: per-sample and per-turn metrics, lz4-compressed Arrow 
 dataset handle and the kernel tables go into the cluster's object store once (``ray.put``), not with every task.
 This process takes each result as it is ready, writes its parts into the scan's work folder and drops its
 reference, so results do not pile up in the object store (nor spill); the merge is the one every executor
-shares (``scan_workers.scan_parts``).
+shares (``scan_workers.scan_parts``). Once every result is here, a connection of the scan's own is closed in a
+thread of its own, while this process merges the parts and writes the outputs (``dqa.audit.scan.run_scan`` closes
+the runner after them).
 
 Faults:
 - a task whose worker process or node is lost is run again by Ray (``TASK_RETRIES`` times: Ray's task retries
@@ -30,6 +32,7 @@ import logging
 import os
 import socket
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -52,6 +55,7 @@ class RayUnits:
         self._ray = ray
         self.slots = slots
         self._owns = owns_connection
+        self._leaving: threading.Thread | None = None  # the disconnection begun when the last result came
 
     def __enter__(self) -> "RayUnits":
         return self
@@ -60,9 +64,20 @@ class RayUnits:
         self.close()
 
     def close(self) -> None:
-        """Disconnect (and stop a cluster ``connect`` started) unless the connection was the caller's."""
-        if self._owns and self._ray.is_initialized():
+        """Disconnect (and stop a cluster ``connect`` started) unless the connection was the caller's; wait for a
+        disconnection ``results`` began."""
+        if self._leaving is not None:
+            self._leaving.join()
+        elif self._owns and self._ray.is_initialized():
             self._ray.shutdown()
+
+    def _leave_soon(self) -> None:
+        """Disconnect in a thread of its own (a connection of this runner's own, once every result is here): Ray's
+        ``shutdown`` waits about 0.27 s (its driver flushes the job's task events, measured on this project's 2-core
+        machine), which the merge of the parts and the writing of the outputs then hide; ``close`` waits for it."""
+        if self._owns and self._leaving is None:
+            self._leaving = threading.Thread(target=self._ray.shutdown, name="dqa-ray-disconnect", daemon=True)
+            self._leaving.start()
 
     def results(self, ds: Dataset, tables: KernelTables, tasks: list[UnitTask],
                 started: Callable[[], None]) -> Iterator[UnitDone]:
@@ -91,6 +106,8 @@ class RayUnits:
                 else:
                     done[task.k] = _unpack(result, task)
                 del ref
+            if not pending and not failed:
+                self._leave_soon()  # every result is in this process: the cluster is not needed for the rest
             while following in done:
                 yield done.pop(following)
                 following += 1
@@ -159,19 +176,24 @@ def connect(address: str, local_cpus: int) -> RayUnits:
         import ray
     except ImportError:
         raise InputError(f"--ray: Ray is not installed; {INSTALL_HINT}") from None
-    if ray.is_initialized():
-        return RayUnits(ray, _cpus(ray), owns_connection=False)
+    owns = not ray.is_initialized()
+    if owns:
+        _connect(ray, address, local_cpus)
+    return RayUnits(ray, _cpus(ray), owns_connection=owns)
+
+
+def _connect(ray: Any, address: str, local_cpus: int) -> None:
+    """``ray.init`` for ``connect``'s ``address``. Raises ``InputError`` when no cluster answers there."""
     quiet = {"logging_level": logging.ERROR, "include_dashboard": False, "configure_logging": True}
     if address == "local":
         ray.init(address="local", num_cpus=local_cpus, _node_ip_address="127.0.0.1", **quiet)
-        return RayUnits(ray, _cpus(ray), owns_connection=True)
+        return
     target = os.environ.get("RAY_ADDRESS") if address == "auto" else address
     if target:
         _check_reachable(target, address)
     client = (target or "").startswith("ray://")
     _init_within(ray, dict(address=target or "auto", **({} if client else quiet)), address,
                  gcs=target if target and not client else None)
-    return RayUnits(ray, _cpus(ray), owns_connection=True)
 
 
 def _init_within(ray: Any, kwargs: dict[str, Any], asked: str, gcs: str | None = None) -> None:
@@ -182,8 +204,6 @@ def _init_within(ray: Any, kwargs: dict[str, Any], asked: str, gcs: str | None =
     authentication (``_check_token``): where it does not, ``ray.init`` would retry for minutes too. Raises
     ``InputError`` when Ray says it found no cluster, the cluster refuses this process's token (or its lack of
     one), or it has not connected in time."""
-    import threading
-
     outcome: dict[str, BaseException | None] = {}
 
     def init() -> None:
