@@ -2,8 +2,9 @@
 
 ``unit_runner`` picks the executor from the scan's options; ``scan_parts`` runs the pass on it. An executor
 (``UnitRunner``) runs every unit with ``scan_workers.scan_unit``, leaves each unit's parts at its task's ``pair``
-paths in the scan's local work folder, and yields the units' ``UnitDone``s in unit order. The merge of the parts (reading them back, the set-level counts, the format check) is ``scan_workers.scan_parts``', shared
-by every executor: an executor decides only where the units run.
+paths in the scan's local work folder, and yields the units' ``UnitDone``s in unit order. The merge of the parts
+(reading them back, the set-level counts, the format check) is ``scan_workers.scan_parts``', shared by every
+executor: an executor decides only where the units run.
 
 - ``processes.ProcessUnits``: a process pool on this machine (``dqa scan --workers N``).
 - ``ray_tasks.RayUnits``: Ray tasks on a cluster, each reading its unit from the store on its own node
@@ -51,9 +52,8 @@ def unit_runner(ray: str | None, workers: int) -> Any:
     """A context holding the scan's ``UnitRunner`` (None: the units run in this process), for
     ``scan_workers.scan_parts``: Ray tasks when ``ray`` names a cluster (``ray_tasks.connect``: auto, local, an
     address; with ``local``, ``workers`` is the local cluster's CPUs), else a pool of ``workers`` processes when
-    that is more than one. The scan opens it before its own preparations and closes it after its outputs are
-    written: a Ray job's worker processes start, and its connection ends, while this process does that work.
-    Raises ``InputError`` when the Ray cluster cannot be reached."""
+    that is more than one. The scan closes it after its outputs are written, so that a Ray connection of the
+    scan's own ends while they are (``ray_tasks.RayUnits``). Raises ``InputError`` when the Ray cluster cannot be reached."""
     if ray is not None:
         from dqa.audit.executors.ray_tasks import connect
 
