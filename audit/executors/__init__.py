@@ -53,7 +53,8 @@ def unit_runner(ray: str | None, workers: int) -> Any:
     ``scan_workers.scan_parts``: Ray tasks when ``ray`` names a cluster (``ray_tasks.connect``: auto, local, an
     address; with ``local``, ``workers`` is the local cluster's CPUs), else a pool of ``workers`` processes when
     that is more than one. The scan closes it after its outputs are written, so that a Ray connection of the
-    scan's own ends while they are (``ray_tasks.RayUnits``). Raises ``InputError`` when the Ray cluster cannot be reached."""
+    scan's own ends while they are (``ray_tasks.RayUnits``). Raises ``InputError`` when the Ray cluster cannot be
+    reached."""
     if ray is not None:
         from dqa.audit.executors.ray_tasks import connect
 
